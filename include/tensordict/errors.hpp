@@ -1,0 +1,49 @@
+// The exceptions that tensordict throws at run time.
+//
+//   tensordict::error              base of all of them (a std::runtime_error)
+//   ├── tensordict::key_error      a key path names no leaf (unset leaf, unknown run-time key)
+//   ├── tensordict::shape_error    a batch size or leaf shape does not match
+//   ├── tensordict::dtype_error    a leaf's dtype does not match
+//   ├── tensordict::index_error    an index or dim is out of range for the batch dims
+//   └── tensordict::lock_error     a locked TensorDict was asked to replace a leaf
+//
+// Messages name the operation, the key path, and what was expected against
+// what was found. A call that throws leaves its TensorDict unchanged.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace tensordict {
+
+class error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class key_error : public error {
+ public:
+  using error::error;
+};
+
+class shape_error : public error {
+ public:
+  using error::error;
+};
+
+class dtype_error : public error {
+ public:
+  using error::error;
+};
+
+class index_error : public error {
+ public:
+  using error::error;
+};
+
+class lock_error : public error {
+ public:
+  using error::error;
+};
+
+}  // namespace tensordict

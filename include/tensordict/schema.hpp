@@ -1,0 +1,592 @@
+// Compile-time schemas: the key tree of a typed TensorDict.
+//
+//   using linear = tensordict::schema<tensordict::leaf<"weight">, tensordict::leaf<"bias">>;
+//   using mlp    = tensordict::schema<tensordict::field<"0", linear>, tensordict::field<"2", linear>>;
+//
+// Leaves are numbered in declaration order (depth first); that order is the
+// storage order of a TensorDict and its iteration order. Every query here is a
+// constant computed once per schema or per key path, over small arrays of
+// string_views, never by instantiating one type per leaf per lookup: that is
+// what keeps a 500-leaf schema cheap to compile. No libtorch header is
+// included, so this header compiles with clang too.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <initializer_list>
+#include <limits>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "keys.hpp"
+
+namespace tensordict {
+
+// The type of a field that holds one tensor.
+struct tensor_leaf {};
+
+template <key Name, class T>
+struct field {
+  static constexpr auto name = Name;
+  using type = T;
+};
+
+template <class... Fields>
+struct schema;
+
+template <key Name>
+using leaf = field<Name, tensor_leaf>;
+
+template <key Name, class... Fields>
+using node = field<Name, schema<Fields...>>;
+
+inline constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+namespace detail {
+
+template <class T>
+struct is_schema : std::false_type {};
+template <class... F>
+struct is_schema<schema<F...>> : std::true_type {};
+
+template <class T>
+struct is_field : std::false_type {};
+template <key N, class T>
+struct is_field<field<N, T>> : std::bool_constant<std::is_same_v<T, tensor_leaf> || is_schema<T>::value> {};
+
+template <class T>
+inline constexpr std::size_t leaves_in = T::leaf_count;
+template <>
+inline constexpr std::size_t leaves_in<tensor_leaf> = 1;
+
+template <class T>
+inline constexpr std::size_t nodes_in = T::node_count;
+template <>
+inline constexpr std::size_t nodes_in<tensor_leaf> = 0;
+
+template <class T>
+inline constexpr std::size_t depth_of = T::depth;
+template <>
+inline constexpr std::size_t depth_of<tensor_leaf> = 0;
+
+// Pack indexing by overload resolution: one instantiation per pack, not per index.
+template <std::size_t I, class T>
+struct indexed {
+  using type = T;
+};
+template <class Indices, class... Ts>
+struct indexer;
+template <std::size_t... I, class... Ts>
+struct indexer<std::index_sequence<I...>, Ts...> : indexed<I, Ts>... {};
+template <std::size_t I, class T>
+indexed<I, T> select(indexed<I, T>);
+template <std::size_t I, class... Ts>
+using pack_at = typename decltype(select<I>(indexer<std::index_sequence_for<Ts...>, Ts...>{}))::type;
+
+template <std::size_t N>
+constexpr std::array<std::size_t, N> exclusive_prefix_sum(std::array<std::size_t, N> v, std::size_t start) {
+  std::array<std::size_t, N> out{};
+  for (std::size_t i = 0; i < N; ++i) {
+    out[i] = start;
+    start += v[i];
+  }
+  return out;
+}
+
+constexpr std::size_t max_of(std::initializer_list<std::size_t> values) {
+  std::size_t m = 0;
+  for (std::size_t v : values) m = v > m ? v : m;
+  return m;
+}
+
+template <std::size_t N>
+constexpr std::size_t find_name(const std::array<std::string_view, N>& names, std::string_view name) {
+  for (std::size_t i = 0; i < N; ++i)
+    if (names[i] == name) return i;
+  return npos;
+}
+
+template <std::size_t N>
+constexpr std::size_t first_true_or_zero(const std::array<bool, N>& flags) {
+  for (std::size_t i = 0; i < N; ++i)
+    if (flags[i]) return i;
+  return 0;
+}
+
+// Index of a name that appears twice, or npos. Sorting first keeps this
+// O(n log n): a flattened 1000-leaf schema has 1000 names at one level.
+template <std::size_t N>
+constexpr std::size_t first_duplicate(const std::array<std::string_view, N>& names) {
+  std::array<std::size_t, N> order{};
+  for (std::size_t i = 0; i < N; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return names[a] < names[b]; });
+  for (std::size_t i = 1; i < N; ++i)
+    if (names[order[i]] == names[order[i - 1]]) return order[i] > order[i - 1] ? order[i] : order[i - 1];
+  return npos;
+}
+
+// A leaf's key path relative to a schema, and the node that holds it.
+template <std::size_t Depth>
+struct leaf_entry {
+  std::array<std::string_view, Depth> parts{};
+  std::size_t depth = 0;
+  std::size_t parent_node = 0;
+};
+
+}  // namespace detail
+
+template <class T>
+concept schema_type = detail::is_schema<T>::value;
+
+// Errors that the compiler reports. Each names the offending key in its type,
+// which g++ prints in the "required from" line above the message.
+namespace compile_error {
+template <class T>
+inline constexpr bool always_false = false;
+
+template <key... Keys>
+struct available_keys {};
+
+template <key Key, class Available>
+struct unknown_key {
+  static_assert(always_false<Available>,
+                "tensordict: unknown key. The schema has no field with the key named in "
+                "'unknown_key<...>' above; the keys at that level are listed after it in "
+                "'available_keys<...>'. Check the spelling and the nesting of the key path.");
+};
+
+template <key Leaf, key NextKey>
+struct key_path_continues_past_a_leaf {
+  static_assert(always_false<available_keys<Leaf, NextKey>>,
+                "tensordict: the key path goes on after a leaf. The first key named in "
+                "'key_path_continues_past_a_leaf<...>' above holds a tensor, not a nested "
+                "TensorDict, so it has no key named by the second. Shorten the key path.");
+};
+
+template <key FlatKey>
+struct use_the_flattened_key {
+  static_assert(always_false<available_keys<FlatKey>>,
+                "tensordict: this TensorDict's keys are flattened, so a nested key path does "
+                "not name a field. Use the single joined key named in 'use_the_flattened_key<...>' "
+                "above (get<\"0.weight\">() rather than get<\"0\", \"weight\">()), or call "
+                "unflatten_keys<\".\">() first.");
+};
+
+template <key Key>
+struct duplicate_key {
+  static_assert(always_false<available_keys<Key>>,
+                "tensordict: a schema level names the key in 'duplicate_key<...>' above twice. "
+                "Keys must be unique at each level.");
+};
+
+template <key Key>
+struct key_is_both_a_leaf_and_a_prefix {
+  static_assert(always_false<available_keys<Key>>,
+                "tensordict: unflatten_keys cannot build a tree: the key named above is a leaf "
+                "and also the prefix of other keys.");
+  using type = field<Key, tensor_leaf>;  // lets the compiler go on without a second error
+};
+
+template <class Error>
+constexpr void report() {
+  (void)sizeof(Error);
+}
+}  // namespace compile_error
+
+template <class... Fields>
+struct schema {
+  static_assert((detail::is_field<Fields>::value && ...),
+                "tensordict::schema<...> takes fields: leaf<\"name\">, node<\"name\", fields...> "
+                "or field<\"name\", schema<...>>.");
+
+  static constexpr std::size_t field_count = sizeof...(Fields);
+  static constexpr std::array<std::string_view, field_count> names{Fields::name.view()...};
+  static constexpr std::size_t leaf_count = (std::size_t{0} + ... + detail::leaves_in<typename Fields::type>);
+  // This schema's own node, then its sub-schemas depth first.
+  static constexpr std::size_t node_count = (std::size_t{1} + ... + detail::nodes_in<typename Fields::type>);
+  static constexpr std::size_t depth =
+      field_count == 0 ? 0 : 1 + detail::max_of({std::size_t{0}, detail::depth_of<typename Fields::type>...});
+  static constexpr std::array<std::size_t, field_count> leaf_offsets =
+      detail::exclusive_prefix_sum<field_count>({detail::leaves_in<typename Fields::type>...}, 0);
+  static constexpr std::array<std::size_t, field_count> node_offsets =
+      detail::exclusive_prefix_sum<field_count>({detail::nodes_in<typename Fields::type>...}, 1);
+
+  template <std::size_t I>
+  using field_at = detail::pack_at<I, Fields...>;
+
+  // Index of the field named `name` at this level, or npos.
+  static constexpr std::size_t find(std::string_view name) { return detail::find_name(names, name); }
+
+  using keys = compile_error::available_keys<Fields::name...>;
+};
+
+namespace detail {
+
+// ---- key path resolution -------------------------------------------------
+
+template <class S, key... Path>
+struct resolve;
+
+template <class S, std::size_t Index, key K, key... Rest>
+struct resolve_in;
+
+// The empty path names the schema itself.
+template <class S>
+struct resolve<S> {
+  using type = S;
+  using error = void;
+  static constexpr std::size_t leaf_offset = 0;
+  static constexpr std::size_t node_offset = 0;
+  static constexpr std::size_t parent_node = 0;
+};
+
+template <class S, key K, key... Rest>
+struct resolve<S, K, Rest...> : resolve_in<S, S::find(K), K, Rest...> {};
+
+template <class Child, key Name, key... Rest>
+struct resolve_child : resolve<Child, Rest...> {};
+
+template <key Name, key Next, key... Rest>
+struct resolve_child<tensor_leaf, Name, Next, Rest...> {
+  using type = tensor_leaf;
+  using error = compile_error::key_path_continues_past_a_leaf<Name, Next>;
+  static constexpr std::size_t leaf_offset = 0;
+  static constexpr std::size_t node_offset = 0;
+  static constexpr std::size_t parent_node = 0;
+};
+
+template <class S, std::size_t Index, key K, key... Rest>
+struct resolve_in {
+  using child = typename S::template field_at<Index>::type;
+  using sub = resolve_child<child, K, Rest...>;
+  using type = typename sub::type;
+  using error = typename sub::error;
+  static constexpr std::size_t leaf_offset = S::leaf_offsets[Index] + sub::leaf_offset;
+  static constexpr std::size_t node_offset = std::is_same_v<child, tensor_leaf> ? 0 : S::node_offsets[Index] + sub::node_offset;
+  // The node that holds the target: what a lock on the way must be checked against.
+  static constexpr std::size_t parent_node = sizeof...(Rest) == 0 ? 0 : S::node_offsets[Index] + sub::parent_node;
+};
+
+template <class S, key K, key... Rest>
+struct resolve_in<S, npos, K, Rest...> {
+  using type = tensor_leaf;
+  using error = compile_error::unknown_key<K, typename S::keys>;
+  static constexpr std::size_t leaf_offset = 0;
+  static constexpr std::size_t node_offset = 0;
+  static constexpr std::size_t parent_node = 0;
+};
+
+// The error to report for a key path, or void. A nested path on a flat schema
+// that holds the joined key gets the more helpful message. Only paths that
+// fail pay for the joined key.
+template <class S, class Error, key... Path>
+struct path_error_of {
+  using type = Error;
+};
+template <class S, class Error, key First, key Second, key... Rest>
+  requires(!std::is_void_v<Error>)
+struct path_error_of<S, Error, First, Second, Rest...> {
+  using type = std::conditional_t<S::find(joined_key<".", First, Second, Rest...>) == npos, Error,
+                                  compile_error::use_the_flattened_key<joined_key<".", First, Second, Rest...>>>;
+};
+
+template <class S, key... Path>
+using path_error = typename path_error_of<S, typename resolve<S, Path...>::error, Path...>::type;
+
+// ---- leaf tables -----------------------------------------------------------
+
+template <class T, std::size_t Depth>
+struct leaf_table_of;
+
+template <std::size_t Depth>
+struct leaf_table_of<tensor_leaf, Depth> {
+  static constexpr std::array<leaf_entry<Depth>, 1> value{leaf_entry<Depth>{{}, 0, 0}};
+};
+
+template <class... Fields, std::size_t Depth>
+struct leaf_table_of<schema<Fields...>, Depth> {
+  using S = schema<Fields...>;
+  static constexpr std::array<leaf_entry<Depth>, S::leaf_count> build() {
+    std::array<leaf_entry<Depth>, S::leaf_count> out{};
+    std::size_t field = 0;
+    auto add = [&](std::string_view name, const auto& child_table, bool child_is_leaf) {
+      std::size_t base = S::leaf_offsets[field];
+      for (std::size_t i = 0; i < child_table.size(); ++i) {
+        leaf_entry<Depth> e = child_table[i];
+        for (std::size_t d = e.depth; d > 0; --d) e.parts[d] = e.parts[d - 1];
+        e.parts[0] = name;
+        ++e.depth;
+        e.parent_node = child_is_leaf ? 0 : S::node_offsets[field] + e.parent_node;
+        out[base + i] = e;
+      }
+      ++field;
+    };
+    (add(Fields::name.view(), leaf_table_of<typename Fields::type, Depth>::value,
+         std::is_same_v<typename Fields::type, tensor_leaf>),
+     ...);
+    return out;
+  }
+  static constexpr std::array<leaf_entry<Depth>, S::leaf_count> value = build();
+};
+
+// Parent of every node of a schema, in node order (the root's parent is npos).
+template <class T>
+struct node_parents_of;
+
+template <class... Fields>
+struct node_parents_of<schema<Fields...>> {
+  using S = schema<Fields...>;
+  static constexpr std::array<std::size_t, S::node_count> build() {
+    std::array<std::size_t, S::node_count> out{};
+    out[0] = npos;
+    std::size_t field = 0;
+    auto add = [&]<class Child>(std::type_identity<Child>) {
+      if constexpr (!std::is_same_v<Child, tensor_leaf>) {
+        std::size_t base = S::node_offsets[field];
+        const auto& sub = node_parents_of<Child>::value;
+        for (std::size_t i = 0; i < sub.size(); ++i) out[base + i] = i == 0 ? 0 : base + sub[i];
+      }
+      ++field;
+    };
+    (add(std::type_identity<typename Fields::type>{}), ...);
+    return out;
+  }
+  static constexpr std::array<std::size_t, S::node_count> value = build();
+};
+
+// ---- flatten ---------------------------------------------------------------
+
+template <class S, key Separator, std::size_t Leaf>
+constexpr std::size_t flat_key_length() {
+  const auto& e = leaf_table_of<S, S::depth>::value[Leaf];
+  std::size_t n = (e.depth - 1) * Separator.size();
+  for (std::size_t d = 0; d < e.depth; ++d) n += e.parts[d].size();
+  return n;
+}
+
+template <class S, key Separator, std::size_t Leaf>
+constexpr auto flat_key() {
+  const auto& e = leaf_table_of<S, S::depth>::value[Leaf];
+  key<flat_key_length<S, Separator, Leaf>()> out{};
+  std::size_t pos = 0;
+  for (std::size_t d = 0; d < e.depth; ++d) {
+    if (d)
+      for (char c : Separator.view()) out.chars[pos++] = c;
+    for (char c : e.parts[d]) out.chars[pos++] = c;
+  }
+  out.chars[pos] = '\0';
+  return out;
+}
+
+template <class S, key Separator, class Indices>
+struct flatten_impl;
+
+template <class S, key Separator, std::size_t... Leaf>
+struct flatten_impl<S, Separator, std::index_sequence<Leaf...>> {
+  using type = schema<leaf<flat_key<S, Separator, Leaf>()>...>;
+};
+
+// ---- unflatten ---------------------------------------------------------------
+//
+// The leaves of a flat schema whose keys share the first `Pos` characters are
+// grouped by the next part of their key (up to the separator), groups in order
+// of first appearance; each group becomes a leaf or a nested schema.
+
+template <std::size_t M>
+struct grouping {
+  std::size_t count = 0;                  // number of groups
+  std::array<std::size_t, M> start{};     // first slot of each group in `members`
+  std::array<std::size_t, M> size{};      // members per group
+  std::array<std::size_t, M> members{};   // leaf indices, grouped
+  std::array<std::size_t, M> head_length{};
+  std::array<bool, M> is_leaf{};          // the group is one key with nothing after the head
+  std::size_t conflict = npos;            // a group that is both a leaf and a prefix
+};
+
+template <class Flat, key Separator, std::size_t Pos, std::size_t... Is>
+constexpr grouping<sizeof...(Is)> group_by_head() {
+  constexpr std::size_t M = sizeof...(Is);
+  constexpr std::array<std::size_t, M> leaves{Is...};
+  const auto& names = Flat::names;
+  const std::string_view sep = Separator.view();
+  std::array<std::string_view, M> heads{};
+  std::array<bool, M> ends{};
+  for (std::size_t m = 0; m < M; ++m) {
+    std::string_view rest = names[leaves[m]].substr(Pos);
+    std::size_t cut = rest.find(sep);
+    ends[m] = cut == std::string_view::npos;
+    heads[m] = ends[m] ? rest : rest.substr(0, cut);
+  }
+  grouping<M> g{};
+  std::array<std::size_t, M> group_of{};
+  for (std::size_t m = 0; m < M; ++m) {
+    std::size_t found = npos;
+    for (std::size_t k = 0; k < g.count; ++k)
+      if (heads[g.members[g.start[k]]] == heads[m]) found = k;  // members[] holds m for now
+    if (found == npos) {
+      found = g.count++;
+      g.start[found] = m;  // first member, temporarily
+      g.members[m] = m;
+    }
+    group_of[m] = found;
+  }
+  // Lay the members out group by group, keeping their order.
+  std::size_t slot = 0;
+  for (std::size_t k = 0; k < g.count; ++k) {
+    std::size_t first = g.start[k];
+    g.start[k] = slot;
+    g.head_length[k] = heads[first].size();
+    bool any_end = false, any_more = false;
+    for (std::size_t m = 0; m < M; ++m)
+      if (group_of[m] == k) {
+        g.members[slot++] = leaves[m];
+        (ends[m] ? any_end : any_more) = true;
+      }
+    g.size[k] = slot - g.start[k];
+    g.is_leaf[k] = any_end && !any_more && g.size[k] == 1;
+    if (any_end && (any_more || g.size[k] > 1)) g.conflict = k;
+  }
+  return g;
+}
+
+template <class Flat, key Separator, std::size_t Pos, class Indices>
+struct unflatten_level;
+
+template <class Flat, key Separator, std::size_t Pos, std::size_t Group, class Grouping>
+struct unflatten_group;
+
+template <class Flat, key Separator, std::size_t Pos, std::size_t... Is>
+struct unflatten_level<Flat, Separator, Pos, std::index_sequence<Is...>> {
+  static constexpr auto groups = group_by_head<Flat, Separator, Pos, Is...>();
+
+  template <std::size_t G>
+  using group_field = typename unflatten_group<Flat, Separator, Pos, G, unflatten_level>::type;
+
+  template <std::size_t... G>
+  static auto build(std::index_sequence<G...>) -> schema<group_field<G>...>;
+
+  using type = decltype(build(std::make_index_sequence<groups.count>{}));
+
+  // For each leaf of `type`, in order, the index of the flat leaf it comes from.
+  static constexpr std::array<std::size_t, sizeof...(Is)> order() {
+    std::array<std::size_t, sizeof...(Is)> out{};
+    std::size_t n = 0;
+    [&]<std::size_t... G>(std::index_sequence<G...>) {
+      auto append = [&](const auto& sub) {
+        for (std::size_t v : sub) out[n++] = v;
+      };
+      (append(unflatten_group<Flat, Separator, Pos, G, unflatten_level>::order), ...);
+    }(std::make_index_sequence<groups.count>{});
+    return out;
+  }
+};
+
+template <class Flat, key Separator, std::size_t Pos, std::size_t G, class Level>
+struct unflatten_group {
+  static constexpr auto& g = Level::groups;
+  static constexpr std::size_t first = g.members[g.start[G]];
+  static constexpr auto head = make_key<g.head_length[G]>(Flat::names[first].substr(Pos, g.head_length[G]));
+
+  template <std::size_t... K>
+  static auto sub_level(std::index_sequence<K...>)
+      -> unflatten_level<Flat, Separator, Pos + g.head_length[G] + Separator.size(),
+                         std::index_sequence<g.members[g.start[G] + K]...>>;
+  using sub = decltype(sub_level(std::make_index_sequence<g.size[G]>{}));
+
+  static constexpr bool conflict = g.conflict == G;
+  static auto pick() {
+    if constexpr (conflict)  // naming ::type instantiates the error, which reports it
+      return std::type_identity<typename compile_error::key_is_both_a_leaf_and_a_prefix<head>::type>{};
+    else if constexpr (g.is_leaf[G])
+      return std::type_identity<field<head, tensor_leaf>>{};
+    else
+      return std::type_identity<field<head, typename sub::type>>{};
+  }
+  using type = typename decltype(pick())::type;
+
+  static constexpr auto make_order() {
+    if constexpr (g.is_leaf[G] || conflict)
+      return std::array<std::size_t, 1>{first};
+    else
+      return sub::order();
+  }
+  static constexpr auto order = make_order();
+};
+
+}  // namespace detail
+
+// ---- public compile-time queries -------------------------------------------
+
+template <schema_type S>
+inline constexpr std::size_t leaf_count_v = S::leaf_count;
+
+// Index of the leaf at a key path, in storage order.
+template <schema_type S, key... Path>
+  requires(sizeof...(Path) > 0 && std::is_void_v<typename detail::resolve<S, Path...>::error> &&
+           std::is_same_v<typename detail::resolve<S, Path...>::type, tensor_leaf>)
+inline constexpr std::size_t leaf_index_v = detail::resolve<S, Path...>::leaf_offset;
+
+// The type at a key path: tensor_leaf or a sub-schema.
+template <schema_type S, key... Path>
+  requires std::is_void_v<typename detail::resolve<S, Path...>::error>
+using type_at_t = typename detail::resolve<S, Path...>::type;
+
+template <schema_type S, key... Path>
+inline constexpr bool has_path_v = std::is_void_v<typename detail::resolve<S, Path...>::error>;
+
+// Every leaf's key path, in storage order.
+template <schema_type S>
+inline constexpr const auto& leaf_paths_v = detail::leaf_table_of<S, S::depth>::value;
+
+template <schema_type S>
+constexpr key_path leaf_path(std::size_t leaf) {
+  const auto& e = leaf_paths_v<S>[leaf];
+  return key_path(e.parts.data(), e.depth);
+}
+
+template <schema_type S, key Separator = ".">
+using flatten_t = typename detail::flatten_impl<S, Separator, std::make_index_sequence<S::leaf_count>>::type;
+
+template <schema_type S, key Separator = ".">
+using unflatten_t =
+    typename detail::unflatten_level<S, Separator, 0, std::make_index_sequence<S::leaf_count>>::type;
+
+// For each leaf of unflatten_t<S, Separator>, the index of the leaf of S it comes from.
+template <schema_type S, key Separator = ".">
+inline constexpr auto unflatten_order_v =
+    detail::unflatten_level<S, Separator, 0, std::make_index_sequence<S::leaf_count>>::order();
+
+// Two schemas are equal when they have the same keys, nested the same way, in the same order.
+template <schema_type A, schema_type B>
+inline constexpr bool schema_equal_v = std::is_same_v<A, B>;
+
+// The index of a key that appears twice at one level of S (searched
+// recursively), or npos.
+template <class S>
+struct duplicate_check;
+template <>
+struct duplicate_check<tensor_leaf> {
+  using error = void;
+};
+template <class... Fields>
+struct duplicate_check<schema<Fields...>> {
+  static constexpr std::size_t dup = detail::first_duplicate(schema<Fields...>::names);
+  template <std::size_t I>
+  static auto own_error() {
+    if constexpr (I == npos)
+      return std::type_identity<void>{};
+    else
+      return std::type_identity<compile_error::duplicate_key<detail::pack_at<I, Fields...>::name>>{};
+  }
+  using own = typename decltype(own_error<dup>())::type;
+  // The first error of this level or of a child, without recursing over the
+  // fields (a flat schema has hundreds at one level).
+  static constexpr std::array<bool, sizeof...(Fields) + 1> failed{
+      !std::is_void_v<own>, !std::is_void_v<typename duplicate_check<typename Fields::type>::error>...};
+  static constexpr std::size_t first_failed = detail::first_true_or_zero(failed);
+  using error = detail::pack_at<first_failed, own, typename duplicate_check<typename Fields::type>::error...>;
+};
+
+}  // namespace tensordict

@@ -1,0 +1,588 @@
+// The typed TensorDict: a tree of tensors whose keys are a compile-time schema.
+//
+//   using linear = tensordict::schema<tensordict::leaf<"weight">, tensordict::leaf<"bias">>;
+//   tensordict::TensorDict<linear> td({at::randn({4, 3}), at::zeros({4})});
+//   at::Tensor w = td.get<"weight">();      // a typo is a compile error
+//   std::cout << td;                        // TensorDict(batch_size=[], fields={bias: f32[4], weight: f32[4,3]})
+//
+// Leaves live in one array in schema order; a key path is turned into an
+// index by the compiler, so get<...>() does no string work at run time. A
+// sub-tree obtained with get<...>() is a view that shares the parent's leaves,
+// batch size and locks. A leaf may be unset (an undefined tensor): it is then
+// absent from keys(), items(), printing and every operation, as a missing key
+// is in Python.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/TensorIndexing.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+
+#include "detail/format.hpp"
+#include "errors.hpp"
+#include "keys.hpp"
+#include "schema.hpp"
+
+namespace tensordict {
+
+template <schema_type S>
+class TensorDict;
+
+namespace detail {
+
+// What a TensorDict and the views into it share.
+struct storage {
+  std::vector<at::Tensor> leaves;
+  std::vector<std::int64_t> batch_size;
+  std::optional<at::Device> device;
+  std::vector<std::uint8_t> locked;       // one flag per node of the root schema
+  const std::size_t* node_parents = nullptr;  // static table of the root schema
+};
+
+template <class S>
+constexpr bool schema_is_valid() {
+  using error = typename duplicate_check<S>::error;
+  if constexpr (!std::is_void_v<error>) compile_error::report<error>();
+  return true;
+}
+
+template <class T>
+struct is_tensordict : std::false_type {};
+template <class S>
+struct is_tensordict<TensorDict<S>> : std::true_type {};
+
+inline bool has_batch_prefix(const at::Tensor& t, c10::IntArrayRef batch) {
+  if (t.dim() < static_cast<std::int64_t>(batch.size())) return false;
+  return t.sizes().slice(0, batch.size()) == batch;
+}
+
+// Indices that apply to the batch dims only: an Ellipsis stands for the batch
+// dims that the other indices leave, never for a leaf's own dims.
+inline std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayRef<at::indexing::TensorIndex> indices,
+                                                             std::size_t batch_dims) {
+  std::size_t consumed = 0;
+  bool has_ellipsis = false;
+  for (const auto& i : indices) {
+    if (i.is_integer() || i.is_slice()) consumed += 1;
+    else if (i.is_tensor()) consumed += i.tensor().scalar_type() == at::kBool ? i.tensor().dim() : 1;
+    else if (i.is_ellipsis()) has_ellipsis = true;
+  }
+  if (consumed > batch_dims)
+    throw index_error("TensorDict index: " + std::to_string(consumed) + " indices for " + std::to_string(batch_dims) +
+                      " batch dims; a TensorDict is indexed along its batch dims only");
+  std::vector<at::indexing::TensorIndex> out;
+  for (const auto& i : indices) {
+    if (i.is_ellipsis()) {
+      for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
+    } else {
+      out.push_back(i);
+    }
+  }
+  if (!has_ellipsis)
+    for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
+  return out;
+}
+
+}  // namespace detail
+
+enum class print_style { one_line, multiline };
+
+template <schema_type S>
+class TensorDict {
+  static_assert(detail::schema_is_valid<S>());
+
+ public:
+  using schema_t = S;
+  static constexpr std::size_t leaf_count = S::leaf_count;
+
+  // Every leaf unset; give them with set<...>().
+  explicit TensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt)
+      : st_(make_storage(batch_size, device)) {
+    st_->leaves.resize(leaf_count);
+  }
+
+  // Leaves in schema order (leaf_path<S>(i) names leaf i); undefined ones stay unset.
+  TensorDict(std::array<at::Tensor, leaf_count> leaves, c10::IntArrayRef batch_size = {},
+             std::optional<at::Device> device = std::nullopt)
+      : st_(make_storage(batch_size, device)) {
+    for (std::size_t i = 0; i < leaf_count; ++i) leaves[i] = checked_leaf(std::move(leaves[i]), i, "TensorDict");
+    st_->leaves.assign(std::make_move_iterator(leaves.begin()), std::make_move_iterator(leaves.end()));
+  }
+
+  // ---- structure ----------------------------------------------------------
+
+  c10::IntArrayRef batch_size() const { return st_->batch_size; }
+  std::size_t batch_dims() const { return st_->batch_size.size(); }
+  const std::optional<at::Device>& device() const { return st_->device; }
+
+  // Key paths of the set leaves, in schema order.
+  std::vector<key_path> keys() const {
+    std::vector<key_path> out;
+    for_each_set_leaf([&](std::size_t i, const at::Tensor&) { out.push_back(leaf_path<S>(i)); });
+    return out;
+  }
+
+  std::vector<at::Tensor> values() const {
+    std::vector<at::Tensor> out;
+    for_each_set_leaf([&](std::size_t, const at::Tensor& t) { out.push_back(t); });
+    return out;
+  }
+
+  std::vector<std::pair<key_path, at::Tensor>> items() const {
+    std::vector<std::pair<key_path, at::Tensor>> out;
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { out.emplace_back(leaf_path<S>(i), t); });
+    return out;
+  }
+
+  // The leaf at schema index i (leaf_index_v<S, ...>), possibly undefined.
+  const at::Tensor& leaf(std::size_t i) const { return slot(i); }
+  bool is_set(std::size_t i) const { return slot(i).defined(); }
+
+  // ---- get / set ----------------------------------------------------------
+
+  // A leaf gives its tensor; a sub-tree gives a TensorDict view of it.
+  template <key... Path>
+  decltype(auto) get() const {
+    static_assert(sizeof...(Path) > 0, "tensordict: get<...>() needs a key path, e.g. get<\"0\", \"weight\">().");
+    using error = detail::path_error<S, Path...>;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+      return slot(0);
+    } else {
+      using r = detail::resolve<S, Path...>;
+      if constexpr (std::is_same_v<typename r::type, tensor_leaf>) {
+        const at::Tensor& t = slot(r::leaf_offset);
+        if (!t.defined()) [[unlikely]]
+          throw_unset(r::leaf_offset);
+        return t;
+      } else {
+        return TensorDict<typename r::type>(st_, leaf_base_ + r::leaf_offset, node_base_ + r::node_offset);
+      }
+    }
+  }
+
+  // Replaces a leaf (a tensor whose leading dims are the batch size) or a
+  // sub-tree (a TensorDict of that sub-schema and the same batch size).
+  template <key... Path, class Value>
+  TensorDict& set(Value&& value) {
+    static_assert(sizeof...(Path) > 0, "tensordict: set<...>(value) needs a key path, e.g. set<\"0\", \"weight\">(t).");
+    using error = detail::path_error<S, Path...>;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+      return *this;
+    } else {
+      using r = detail::resolve<S, Path...>;
+      using V = std::remove_cvref_t<Value>;
+      const std::string path = key_path_t<Path...>::describe();
+      check_unlocked(r::parent_node, path);
+      if constexpr (std::is_same_v<typename r::type, tensor_leaf>) {
+        static_assert(std::is_convertible_v<Value, at::Tensor>,
+                      "tensordict: set<...>(value) at a leaf takes an at::Tensor.");
+        slot(r::leaf_offset) = checked_leaf(at::Tensor(std::forward<Value>(value)), r::leaf_offset, "TensorDict.set", path);
+      } else {
+        static_assert(std::is_same_v<V, TensorDict<typename r::type>>,
+                      "tensordict: set<...>(value) at a sub-tree takes a TensorDict with that sub-tree's schema "
+                      "(the type of get<...>() at the same key path).");
+        if (!std::equal(value.batch_size().begin(), value.batch_size().end(), batch_size().begin(), batch_size().end()))
+          throw shape_error("TensorDict.set(" + path + "): expected a TensorDict with batch_size=" +
+                            format_sizes(batch_size()) + ", got batch_size=" +
+                            format_sizes(value.batch_size()));
+        std::array<at::Tensor, V::leaf_count> incoming;
+        for (std::size_t i = 0; i < V::leaf_count; ++i) incoming[i] = checked_leaf(value.leaf(i), r::leaf_offset + i, "TensorDict.set");
+        for (std::size_t i = 0; i < V::leaf_count; ++i) slot(r::leaf_offset + i) = std::move(incoming[i]);
+      }
+      return *this;
+    }
+  }
+
+  // ---- whole-tree operations ------------------------------------------------
+
+  // A new TensorDict with f(leaf) at every set leaf; f may return an undefined
+  // tensor to unset it. The batch size stays unless one is given.
+  template <class F>
+  TensorDict apply(F&& f) const {
+    return apply(std::forward<F>(f), batch_size());
+  }
+
+  template <class F>
+  TensorDict apply(F&& f, c10::IntArrayRef new_batch_size) const {
+    TensorDict out(new_batch_size, device());
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
+      at::Tensor r = f(t);
+      out.slot(i) = out.checked_leaf(std::move(r), i, "TensorDict.apply");
+    });
+    return out;
+  }
+
+  // Calls f on every set leaf; if f returns a tensor, its values are written
+  // into the leaf (the leaf keeps its identity).
+  template <class F>
+  TensorDict& apply_(F&& f) {
+    for_each_set_leaf([&](std::size_t, const at::Tensor& t) {
+      at::Tensor leaf = t;
+      if constexpr (std::is_void_v<std::invoke_result_t<F&, at::Tensor&>>) {
+        f(leaf);
+      } else {
+        at::Tensor r = f(leaf);
+        if (r.defined() && !r.is_same(t)) t.copy_(r);
+      }
+    });
+    return *this;
+  }
+
+  TensorDict clone() const {
+    return apply([](const at::Tensor& t) { return t.clone(); });
+  }
+  TensorDict detach() const {
+    return apply([](const at::Tensor& t) { return t.detach(); });
+  }
+  TensorDict& zero_() {
+    return apply_([](at::Tensor& t) { t.zero_(); });
+  }
+  TensorDict to(at::ScalarType dtype) const {
+    return apply([&](const at::Tensor& t) { return t.to(dtype); });
+  }
+  TensorDict to(at::Device device) const {
+    TensorDict out = apply([&](const at::Tensor& t) { return t.to(device); });
+    out.st_->device = device;
+    return out;
+  }
+
+  // Element-wise comparisons, as a TensorDict of bool tensors.
+  TensorDict operator==(const TensorDict& other) const { return compare(other, "==", [](auto& a, auto& b) { return a.eq(b); }); }
+  TensorDict operator!=(const TensorDict& other) const { return compare(other, "!=", [](auto& a, auto& b) { return a.ne(b); }); }
+  TensorDict operator==(const at::Scalar& value) const {
+    return apply([&](const at::Tensor& t) { return t.eq(value); });
+  }
+  TensorDict operator!=(const at::Scalar& value) const {
+    return apply([&](const at::Tensor& t) { return t.ne(value); });
+  }
+
+  // True when every element of every set leaf is true (or non-zero).
+  bool all() const {
+    bool result = true;
+    for_each_set_leaf([&](std::size_t, const at::Tensor& t) { result = result && t.all().template item<bool>(); });
+    return result;
+  }
+  bool any() const {
+    bool result = false;
+    for_each_set_leaf([&](std::size_t, const at::Tensor& t) { result = result || t.any().template item<bool>(); });
+    return result;
+  }
+
+  // ---- batch dims -----------------------------------------------------------
+
+  // Indexing along the batch dims; leaves of the result are views where
+  // libtorch gives views (integers, slices).
+  TensorDict index(c10::ArrayRef<at::indexing::TensorIndex> indices) const {
+    auto batch = detail::batch_indices(indices, batch_dims());
+    // The result's batch size is what the same index does to a tensor of the batch shape.
+    auto probe = at::zeros({}, at::kByte).expand(batch_size()).index(batch);
+    TensorDict out(probe.sizes(), device());
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { out.slot(i) = t.index(batch); });
+    return out;
+  }
+  TensorDict index(std::initializer_list<at::indexing::TensorIndex> indices) const {
+    return index(c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
+  }
+  TensorDict operator[](std::int64_t i) const { return index({at::indexing::TensorIndex(i)}); }
+
+  std::vector<TensorDict> unbind(std::int64_t dim = 0) const {
+    dim = batch_dim(dim, "unbind");
+    std::vector<std::int64_t> rest(batch_size().begin(), batch_size().end());
+    const std::int64_t n = rest[dim];
+    rest.erase(rest.begin() + dim);
+    std::vector<TensorDict> out;
+    out.reserve(n);
+    for (std::int64_t k = 0; k < n; ++k) out.emplace_back(rest, device());
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
+      auto parts = t.unbind(dim);
+      for (std::int64_t k = 0; k < n; ++k) out[k].slot(i) = parts[k];
+    });
+    return out;
+  }
+
+  // Broadcasts the batch dims to `shape`, as at::Tensor::expand does: new
+  // dims go in front, -1 keeps a size. expand(4) on batch_size [] gives [4].
+  TensorDict expand(c10::IntArrayRef shape) const {
+    const std::size_t nb = batch_dims();
+    if (shape.size() < nb)
+      throw shape_error("TensorDict.expand: the shape " + format_sizes(shape) + " has fewer dims than batch_size=" +
+                        format_sizes(batch_size()));
+    std::vector<std::int64_t> target(shape.begin(), shape.end());
+    const std::size_t lead = shape.size() - nb;
+    for (std::size_t d = 0; d < nb; ++d) {
+      if (target[lead + d] == -1) target[lead + d] = batch_size()[d];
+      if (target[lead + d] != batch_size()[d] && batch_size()[d] != 1)
+        throw shape_error("TensorDict.expand: cannot expand batch_size=" + format_sizes(batch_size()) + " to " +
+                          format_sizes(shape));
+    }
+    TensorDict out(target, device());
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
+      std::vector<std::int64_t> full = target;
+      full.insert(full.end(), t.sizes().begin() + nb, t.sizes().end());
+      out.slot(i) = t.expand(full);
+    });
+    return out;
+  }
+
+  // ---- keys -------------------------------------------------------------------
+
+  // The same tensors under joined keys: ("0", "weight") becomes "0.weight".
+  template <key Separator = ".">
+  TensorDict<flatten_t<S, Separator>> flatten_keys() const {
+    TensorDict<flatten_t<S, Separator>> out(batch_size(), device());
+    for (std::size_t i = 0; i < leaf_count; ++i) out.slot(i) = slot(i);
+    return out;
+  }
+
+  // The inverse of flatten_keys: "0.weight" becomes ("0", "weight").
+  template <key Separator = ".">
+  TensorDict<unflatten_t<S, Separator>> unflatten_keys() const {
+    constexpr auto& order = unflatten_order_v<S, Separator>;
+    TensorDict<unflatten_t<S, Separator>> out(batch_size(), device());
+    for (std::size_t i = 0; i < leaf_count; ++i) out.slot(i) = slot(order[i]);
+    return out;
+  }
+
+  // ---- locking ----------------------------------------------------------------
+
+  // A locked TensorDict refuses to replace leaves (set<...>()); writing into
+  // its tensors in place still works. Locking propagates to sub-trees.
+  TensorDict& lock_() {
+    std::fill_n(st_->locked.begin() + node_base_, S::node_count, std::uint8_t{1});
+    return *this;
+  }
+  TensorDict& unlock_() {
+    for (std::size_t p = st_->node_parents[node_base_]; p != npos; p = st_->node_parents[p])
+      if (st_->locked[p])
+        throw lock_error("TensorDict.unlock_: this TensorDict is part of a locked TensorDict; unlock that one instead");
+    std::fill_n(st_->locked.begin() + node_base_, S::node_count, std::uint8_t{0});
+    return *this;
+  }
+  bool is_locked() const { return st_->locked[node_base_] != 0; }
+
+  // ---- printing ---------------------------------------------------------------
+
+  std::string repr(print_style style = print_style::one_line) const {
+    std::string out = "TensorDict(batch_size=" + format_sizes(batch_size());
+    if (device()) out += ", device=" + device()->str();
+    out += ", fields={";
+    print_level<S>(out, 0, style == print_style::multiline);
+    return out + "})";
+  }
+
+  friend std::ostream& operator<<(std::ostream& os, const TensorDict& td) { return os << td.repr(); }
+
+ private:
+  template <schema_type>
+  friend class TensorDict;
+  template <schema_type T>
+  friend TensorDict<T> stack(c10::ArrayRef<TensorDict<T>>, std::int64_t);
+
+  TensorDict(std::shared_ptr<detail::storage> st, std::size_t leaf_base, std::size_t node_base)
+      : st_(std::move(st)), leaf_base_(leaf_base), node_base_(node_base) {}
+
+  static std::shared_ptr<detail::storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device) {
+    auto st = std::make_shared<detail::storage>();
+    st->batch_size.assign(batch_size.begin(), batch_size.end());
+    st->device = device;
+    st->locked.assign(S::node_count, 0);
+    st->node_parents = detail::node_parents_of<S>::value.data();
+    return st;
+  }
+
+  at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
+
+  template <class F>
+  void for_each_set_leaf(F&& f) const {
+    for (std::size_t i = 0; i < leaf_count; ++i) {
+      const at::Tensor& t = slot(i);
+      if (t.defined()) f(i, t);
+    }
+  }
+
+  static std::string path_of(std::size_t leaf) { return to_string(leaf_path<S>(leaf)); }
+
+  // Out of line, once per schema rather than once per key path.
+  [[noreturn]] static void throw_unset(std::size_t leaf) {
+    throw key_error("TensorDict.get: the leaf " + path_of(leaf) + " is not set");
+  }
+
+  // A leaf about to be stored at index i: on this TensorDict's device, with the batch dims in front.
+  at::Tensor checked_leaf(at::Tensor t, std::size_t i, const char* op, const std::string& path = {}) const {
+    if (!t.defined()) return t;
+    if (device() && t.device() != *device()) t = t.to(*device());
+    if (!detail::has_batch_prefix(t, batch_size()))
+      throw shape_error(std::string(op) + ": the leaf " + (path.empty() ? path_of(i) : path) + " is " + describe(t) +
+                        ", but its leading dims must be the batch size " + format_sizes(batch_size()));
+    return t;
+  }
+
+  void check_unlocked(std::size_t parent_node, const std::string& path) const {
+    if (st_->locked[node_base_ + parent_node])
+      throw lock_error("TensorDict.set(" + path +
+                       "): the TensorDict is locked, so its leaves cannot be replaced. Write into the tensor in place "
+                       "(get<...>().copy_(value)) or call unlock_() first.");
+  }
+
+  std::int64_t batch_dim(std::int64_t dim, const char* op) const {
+    const auto nb = static_cast<std::int64_t>(batch_dims());
+    if (dim < -nb || dim >= nb)
+      throw index_error(std::string("TensorDict.") + op + ": dim " + std::to_string(dim) + " is out of range for batch_size=" +
+                        format_sizes(batch_size()));
+    return dim < 0 ? dim + nb : dim;
+  }
+
+  template <class F>
+  TensorDict compare(const TensorDict& other, const char* op, F&& f) const {
+    TensorDict out(batch_size(), device());
+    for (std::size_t i = 0; i < leaf_count; ++i) {
+      const at::Tensor& a = slot(i);
+      const at::Tensor& b = other.slot(i);
+      if (a.defined() != b.defined())
+        throw key_error(std::string("TensorDict ") + op + ": the leaf " + path_of(i) + " is set on one side only");
+      if (a.defined()) out.slot(i) = f(a, b);
+    }
+    return out;
+  }
+
+  // Prints the fields of sub-schema T (whose leaves start at `base`), keys sorted as Python sorts them.
+  template <class T>
+  void print_level(std::string& out, std::size_t base, bool multiline) const {
+    std::array<std::size_t, T::field_count> order{};
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [](std::size_t a, std::size_t b) { return T::names[a] < T::names[b]; });
+    bool first = true;
+    for (std::size_t i : order) {
+      std::string field;
+      if (!print_field<T>(field, i, base)) continue;
+      if (!first) out += multiline ? "," : ", ";
+      if (multiline) out += "\n    ";
+      out += T::names[i];
+      out += ": ";
+      out += field;
+      first = false;
+    }
+  }
+
+  // One field of T; false when it is an unset leaf.
+  template <class T>
+  bool print_field(std::string& out, std::size_t field, std::size_t base) const {
+    bool printed = false;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((I == field ? (printed = print_child<typename T::template field_at<I>::type>(out, base + T::leaf_offsets[I])) : false), ...);
+    }(std::make_index_sequence<T::field_count>{});
+    return printed;
+  }
+
+  template <class Child>
+  bool print_child(std::string& out, std::size_t base) const {
+    if constexpr (std::is_same_v<Child, tensor_leaf>) {
+      if (!slot(base).defined()) return false;
+      out += describe(slot(base));
+    } else {
+      out += '{';
+      print_level<Child>(out, base, false);
+      out += '}';
+    }
+    return true;
+  }
+
+  std::shared_ptr<detail::storage> st_;
+  std::size_t leaf_base_ = 0;
+  std::size_t node_base_ = 0;
+};
+
+// Stacks TensorDicts of one schema along a new batch dim (0 by default).
+// Every input must have the same batch size and, leaf by leaf, the same shape.
+template <schema_type S>
+TensorDict<S> stack(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
+  if (tds.empty()) throw shape_error("tensordict::stack: needs at least one TensorDict");
+  const TensorDict<S>& first = tds[0];
+  const auto nb = static_cast<std::int64_t>(first.batch_dims());
+  if (dim < -(nb + 1) || dim > nb)
+    throw index_error("tensordict::stack: dim " + std::to_string(dim) + " is out of range for batch_size=" +
+                      format_sizes(first.batch_size()));
+  if (dim < 0) dim += nb + 1;
+  for (std::size_t k = 1; k < tds.size(); ++k)
+    if (tds[k].batch_size() != first.batch_size())
+      throw shape_error("tensordict::stack: TensorDict 0 has batch_size=" + format_sizes(first.batch_size()) +
+                        " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(tds[k].batch_size()));
+  for (std::size_t i = 0; i < S::leaf_count; ++i)
+    for (std::size_t k = 1; k < tds.size(); ++k) {
+      const at::Tensor& a = first.leaf(i);
+      const at::Tensor& b = tds[k].leaf(i);
+      if (a.defined() != b.defined() || (a.defined() && (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type())))
+        throw shape_error("tensordict::stack: the leaf " + to_string(leaf_path<S>(i)) + " is " + describe(a) +
+                          " in TensorDict 0 but " + describe(b) + " in TensorDict " + std::to_string(k));
+    }
+  std::vector<std::int64_t> batch(first.batch_size().begin(), first.batch_size().end());
+  batch.insert(batch.begin() + dim, static_cast<std::int64_t>(tds.size()));
+  TensorDict<S> out(batch, first.device());
+  std::vector<at::Tensor> parts(tds.size());
+  for (std::size_t i = 0; i < S::leaf_count; ++i) {
+    if (!first.leaf(i).defined()) continue;
+    for (std::size_t k = 0; k < tds.size(); ++k) parts[k] = tds[k].leaf(i);
+    out.slot(i) = at::stack(parts, dim);
+  }
+  return out;
+}
+
+template <schema_type S>
+TensorDict<S> stack(std::initializer_list<TensorDict<S>> tds, std::int64_t dim = 0) {
+  return stack(c10::ArrayRef<TensorDict<S>>(tds.begin(), tds.size()), dim);
+}
+
+template <schema_type S>
+TensorDict<S> stack(const std::vector<TensorDict<S>>& tds, std::int64_t dim = 0) {
+  return stack(c10::ArrayRef<TensorDict<S>>(tds), dim);
+}
+
+namespace compile_error {
+template <class First, class Other>
+struct stack_of_different_schemas {
+  static_assert(always_false<Other>,
+                "tensordict::stack: every TensorDict must have the same schema (the two schemas are named above in "
+                "'stack_of_different_schemas<...>'). Build them from the same module type or schema.");
+};
+}  // namespace compile_error
+
+namespace detail {
+template <class First, class... Rest>
+struct first_mismatch {
+  using type = void;
+};
+template <class First, class Next, class... Rest>
+struct first_mismatch<First, Next, Rest...>
+    : std::conditional_t<std::is_same_v<First, Next>, first_mismatch<First, Rest...>, std::type_identity<Next>> {};
+}  // namespace detail
+
+// stack(a, b, c): the variadic form, whose schemas the compiler checks.
+template <class First, class... Rest>
+  requires(detail::is_tensordict<First>::value && sizeof...(Rest) > 0)
+First stack(const First& first, const Rest&... rest) {
+  using mismatch = typename detail::first_mismatch<First, Rest...>::type;
+  if constexpr (!std::is_void_v<mismatch>) {
+    if constexpr (detail::is_tensordict<mismatch>::value)
+      compile_error::report<compile_error::stack_of_different_schemas<typename First::schema_t, typename mismatch::schema_t>>();
+    else
+      static_assert(detail::is_tensordict<mismatch>::value, "tensordict::stack(a, b, ...) takes TensorDicts only.");
+    return first;
+  } else {
+    return stack(std::initializer_list<First>{first, rest...}, 0);
+  }
+}
+
+}  // namespace tensordict

@@ -1,0 +1,51 @@
+#!/bin/sh
+# Builds and runs tests/consume/main.cpp the way an outside project would:
+#   run.sh meson_subproject|pkg_config|cmake SOURCE_ROOT CONSUME_DIR
+# TORCH_DIR, when set, is passed on as the torch_dir option.
+set -eu
+how=$1 src=$2 here=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+torch_option=""
+if [ -n "${TORCH_DIR:-}" ]; then torch_option="-Dtorch_dir=$TORCH_DIR"; fi
+
+install_library() {
+  meson setup "$work/library" "$src" --prefix "$work/prefix" \
+    -Dtests=false -Dexamples=false -Dbenchmarks=false $torch_option >"$work/setup.log" 2>&1 ||
+    { cat "$work/setup.log"; exit 1; }
+  meson install -C "$work/library" >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
+}
+
+case $how in
+  meson_subproject)
+    mkdir -p "$work/app/subprojects"
+    cp "$here/meson/meson.build" "$here/main.cpp" "$work/app/"
+    ln -s "$src" "$work/app/subprojects/tensordict"
+    subproject_option=""
+    if [ -n "$torch_option" ]; then subproject_option="-Dtensordict:torch_dir=$TORCH_DIR"; fi
+    meson setup "$work/build" "$work/app" $subproject_option
+    meson compile -C "$work/build"
+    "$work/build/consumer"
+    ;;
+  pkg_config)
+    install_library
+    PKG_CONFIG_PATH=$(dirname "$(find "$work/prefix" -name tensordict.pc)")
+    export PKG_CONFIG_PATH
+    echo "pkg-config --cflags --libs tensordict: $(pkg-config --cflags --libs tensordict)"
+    # shellcheck disable=SC2046
+    c++ -O1 "$here/main.cpp" -o "$work/consumer" $(pkg-config --cflags --libs tensordict)
+    "$work/consumer"
+    ;;
+  cmake)
+    install_library
+    cmake -S "$here/cmake" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCONSUMER_MAIN="$here/main.cpp" \
+      -DCMAKE_BUILD_TYPE=Release
+    cmake --build "$work/build"
+    "$work/build/consumer"
+    ;;
+  *)
+    echo "unknown way to consume: $how" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,15 @@
+// Precompiled for the test translation units (not the Catch2 main): the
+// heavy headers that every test includes anyway.
+#pragma once
+#include <ATen/TensorIndexing.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+
+#include "../catch_torch.hpp"

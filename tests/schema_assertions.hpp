@@ -1,0 +1,71 @@
+// Compile-time facts about keys and schemas, checked by g++ (test_schema.cpp)
+// and by clang (clang_schema_check.cpp). Includes no libtorch header.
+#pragma once
+
+#include <array>
+#include <type_traits>
+
+#include <boost/hana/string.hpp>
+
+#include <tensordict/keys.hpp>
+#include <tensordict/schema.hpp>
+
+namespace schema_assertions {
+using namespace tensordict;
+
+using linear = schema<leaf<"weight">, leaf<"bias">>;
+using mlp = schema<field<"0", linear>, field<"2", linear>>;
+using deep = schema<field<"0", linear>, field<"2", linear>, leaf<"scale">, node<"deep", node<"er", leaf<"x">>>>;
+
+// keys
+static_assert(key("weight").size() == 6);
+static_assert(key("weight").view() == "weight");
+static_assert(key("a") == key("a") && !(key("a") == key("ab")));
+static_assert(joined_key<".", "0", "weight"> == key("0.weight"));
+static_assert(joined_key<"/", "a", "b", "c"> == key("a/b/c"));
+static_assert(joined_key<"::", "only"> == key("only"));
+static_assert(std::is_same_v<decltype(to_hana_string<"ab">()), boost::hana::string<'a', 'b'>>);
+static_assert(from_hana_string(boost::hana::string<'w', 'x'>{}) == key("wx"));
+static_assert(from_hana_string(to_hana_string<"round trip">()) == key("round trip"));
+static_assert(key_path_t<"0", "weight">::size() == 2 && key_path_t<"0", "weight">::parts[1] == "weight");
+
+// counts
+static_assert(leaf_count_v<linear> == 2 && leaf_count_v<mlp> == 4 && leaf_count_v<deep> == 6);
+static_assert(leaf_count_v<schema<>> == 0);
+static_assert(mlp::node_count == 3 && deep::node_count == 5);
+static_assert(mlp::depth == 2 && deep::depth == 3 && linear::depth == 1);
+
+// keys of a level, index of a key path (storage order is declaration order)
+static_assert(mlp::names == std::array<std::string_view, 2>{"0", "2"});
+static_assert(linear::find("bias") == 1 && linear::find("nope") == npos);
+static_assert(leaf_index_v<mlp, "0", "weight"> == 0);
+static_assert(leaf_index_v<mlp, "0", "bias"> == 1);
+static_assert(leaf_index_v<mlp, "2", "weight"> == 2);
+static_assert(leaf_index_v<deep, "scale"> == 4);
+static_assert(leaf_index_v<deep, "deep", "er", "x"> == 5);
+static_assert(std::is_same_v<type_at_t<mlp, "2">, linear>);
+static_assert(std::is_same_v<type_at_t<mlp, "2", "bias">, tensor_leaf>);
+static_assert(has_path_v<mlp, "0", "bias"> && !has_path_v<mlp, "1"> && !has_path_v<mlp, "0", "bias", "x">);
+static_assert(leaf_paths_v<deep>[5].depth == 3 && leaf_paths_v<deep>[5].parts[1] == "er");
+static_assert(leaf_path<mlp>(3)[0] == "2" && leaf_path<mlp>(3)[1] == "bias");
+
+// flatten / unflatten
+using flat_mlp = schema<leaf<"0.weight">, leaf<"0.bias">, leaf<"2.weight">, leaf<"2.bias">>;
+static_assert(std::is_same_v<flatten_t<mlp>, flat_mlp>);
+static_assert(std::is_same_v<flatten_t<deep, "/">,
+                             schema<leaf<"0/weight">, leaf<"0/bias">, leaf<"2/weight">, leaf<"2/bias">, leaf<"scale">,
+                                    leaf<"deep/er/x">>>);
+static_assert(std::is_same_v<unflatten_t<flat_mlp>, mlp>);
+static_assert(std::is_same_v<unflatten_t<flatten_t<deep, "::">, "::">, deep>);
+static_assert(std::is_same_v<flatten_t<linear>, linear>);
+static_assert(std::is_same_v<unflatten_t<linear>, linear>);
+// Leaves of one prefix are gathered where the prefix first appears.
+using interleaved = schema<leaf<"a.x">, leaf<"b">, leaf<"a.y">>;
+static_assert(std::is_same_v<unflatten_t<interleaved>, schema<node<"a", leaf<"x">, leaf<"y">>, leaf<"b">>>);
+static_assert(unflatten_order_v<interleaved> == std::array<std::size_t, 3>{0, 2, 1});
+
+// equality
+static_assert(schema_equal_v<mlp, schema<node<"0", leaf<"weight">, leaf<"bias">>, node<"2", leaf<"weight">, leaf<"bias">>>>);
+static_assert(!schema_equal_v<mlp, schema<node<"0", leaf<"bias">, leaf<"weight">>, node<"2", leaf<"weight">, leaf<"bias">>>>);
+static_assert(!schema_equal_v<mlp, flat_mlp>);
+}  // namespace schema_assertions

@@ -1,0 +1,329 @@
+#include <sstream>
+
+#include "catch_torch.hpp"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
+
+#include <tensordict/typed_tensordict.hpp>
+
+using namespace tensordict;
+using Catch::Matchers::Contains;
+namespace idx = at::indexing;
+
+namespace {
+using linear = schema<leaf<"weight">, leaf<"bias">>;
+using mlp = schema<field<"0", linear>, field<"2", linear>>;
+
+TensorDict<mlp> make_mlp(c10::IntArrayRef batch = {}) {
+  std::vector<std::int64_t> b(batch.begin(), batch.end());
+  auto shape = [&](std::initializer_list<std::int64_t> own) {
+    std::vector<std::int64_t> s = b;
+    s.insert(s.end(), own);
+    return s;
+  };
+  return TensorDict<mlp>({at::randn(shape({4, 3})), at::randn(shape({4})), at::randn(shape({1, 4})), at::randn(shape({1}))},
+                         batch);
+}
+
+const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+template <class S>
+std::string printed(const TensorDict<S>& td) {
+  std::ostringstream os;
+  os << td;
+  return os.str();
+}
+}  // namespace
+
+TEST_CASE("get returns the stored tensor itself", "[tensordict]") {
+  at::Tensor w = at::randn({4, 3});
+  TensorDict<linear> td({w, at::zeros({4})});
+  CHECK(impl(td.get<"weight">()) == impl(w));
+  CHECK(td.batch_size().empty());
+  CHECK(td.batch_dims() == 0);
+}
+
+TEST_CASE("a sub-tree is a view that aliases its parent", "[tensordict]") {
+  auto td = make_mlp();
+  auto first = td.get<"0">();
+  STATIC_REQUIRE(std::is_same_v<decltype(first), TensorDict<linear>>);
+  CHECK(impl(first.get<"weight">()) == impl(td.get<"0", "weight">()));
+
+  at::Tensor w = at::ones({4, 3});
+  first.set<"weight">(w);
+  CHECK(impl(td.get<"0", "weight">()) == impl(w));
+
+  at::Tensor b = at::ones({4});
+  td.set<"0", "bias">(b);
+  CHECK(impl(first.get<"bias">()) == impl(b));
+}
+
+TEST_CASE("set checks the batch dims and changes nothing when it throws", "[tensordict]") {
+  auto td = make_mlp({3});
+  at::Tensor before = td.get<"2", "bias">();
+  try {
+    td.set<"2", "bias">(at::zeros({5, 1}));
+    FAIL("set accepted a tensor without the batch dims");
+  } catch (const shape_error& e) {
+    CHECK_THAT(e.what(), Contains(R"(("2", "bias"))") && Contains("f32[5,1]") && Contains("[3]"));
+  }
+  CHECK(impl(td.get<"2", "bias">()) == impl(before));
+
+  td.set<"2", "bias">(at::zeros({3, 7}));  // the leaf's own dims are free
+  CHECK(td.get<"2", "bias">().sizes() == c10::IntArrayRef({3, 7}));
+  CHECK_THROWS_AS((TensorDict<linear>({at::zeros({2, 4}), at::zeros({3})}, {2})), shape_error);
+}
+
+TEST_CASE("a sub-tree is set from a TensorDict of its schema", "[tensordict]") {
+  auto td = make_mlp({2});
+  TensorDict<linear> replacement({at::zeros({2, 4, 3}), at::zeros({2, 4})}, {2});
+  td.set<"0">(replacement);
+  CHECK(impl(td.get<"0", "weight">()) == impl(replacement.get<"weight">()));
+
+  TensorDict<linear> wrong_batch({at::zeros({4, 3}), at::zeros({4})});
+  CHECK_THROWS_AS(td.set<"0">(wrong_batch), shape_error);
+  CHECK(impl(td.get<"0", "weight">()) == impl(replacement.get<"weight">()));
+}
+
+TEST_CASE("unset leaves are absent", "[tensordict]") {
+  TensorDict<linear> td;
+  CHECK(td.keys().empty());
+  CHECK(printed(td) == "TensorDict(batch_size=[], fields={})");
+  CHECK_THROWS_WITH(td.get<"bias">(), Contains(R"(leaf "bias" is not set)"));
+  td.set<"weight">(at::zeros({2, 2}));
+  REQUIRE(td.keys().size() == 1);
+  CHECK(td.keys()[0].join(".") == "weight");
+  CHECK(printed(td.clone()) == "TensorDict(batch_size=[], fields={weight: f32[2,2]})");
+}
+
+TEST_CASE("keys, values and items follow the schema order", "[tensordict]") {
+  auto td = make_mlp();
+  std::vector<std::string> names;
+  for (const auto& k : td.keys()) names.push_back(k.join("."));
+  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  auto values = td.values();
+  auto items = td.items();
+  REQUIRE(values.size() == 4);
+  REQUIRE(items.size() == 4);
+  CHECK(impl(values[2]) == impl(td.get<"2", "weight">()));
+  CHECK(items[3].first.join("/") == "2/bias");
+  CHECK(impl(items[3].second) == impl(td.get<"2", "bias">()));
+  CHECK(impl(td.leaf(leaf_index_v<mlp, "2", "bias">)) == impl(td.get<"2", "bias">()));
+}
+
+TEST_CASE("apply makes a new TensorDict, apply_ writes into the leaves", "[tensordict]") {
+  auto td = make_mlp();
+  auto doubled = td.apply([](const at::Tensor& t) { return t * 2; });
+  CHECK(doubled.get<"0", "weight">().equal(td.get<"0", "weight">() * 2));
+  CHECK(impl(doubled.get<"0", "weight">()) != impl(td.get<"0", "weight">()));
+
+  const c10::TensorImpl* before = impl(td.get<"2", "weight">());
+  td.apply_([](at::Tensor& t) { return t.fill_(1.0); });
+  CHECK(impl(td.get<"2", "weight">()) == before);
+  CHECK((td == 1).all());
+
+  td.apply_([](at::Tensor& t) { return at::full_like(t, 3.0); });  // a new tensor: values copied in
+  CHECK(impl(td.get<"2", "weight">()) == before);
+  CHECK((td == 3).all());
+
+  auto dropped = td.apply([](const at::Tensor& t) { return t.dim() == 2 ? t : at::Tensor(); });
+  CHECK(dropped.keys().size() == 2);
+
+  CHECK_THROWS_WITH(td.apply([](const at::Tensor& t) { return t; }, {4}),
+                    Contains("apply") && Contains(R"(("2", "weight"))") && Contains("f32[1,4]") && Contains("[4]"));
+}
+
+TEST_CASE("clone, detach, zero_ and to", "[tensordict]") {
+  auto td = make_mlp().apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+  auto copy = td.clone();
+  CHECK(impl(copy.get<"0", "weight">()) != impl(td.get<"0", "weight">()));
+  CHECK(copy.get<"0", "weight">().equal(td.get<"0", "weight">()));
+  CHECK(copy.get<"0", "weight">().requires_grad());
+
+  auto detached = td.detach();
+  CHECK(!detached.get<"0", "weight">().requires_grad());
+  CHECK(detached.get<"0", "weight">().data_ptr() == td.get<"0", "weight">().data_ptr());
+
+  auto zeros = td.detach().clone().zero_();
+  CHECK((zeros == 0).all());
+  CHECK(!(td == 0).all());
+
+  auto doubles = td.to(at::kDouble);
+  CHECK(doubles.get<"2", "bias">().scalar_type() == at::kDouble);
+  auto on_cpu = td.to(at::Device(at::kCPU));
+  REQUIRE(on_cpu.device().has_value());
+  CHECK(on_cpu.device()->is_cpu());
+  CHECK(printed(on_cpu).rfind("TensorDict(batch_size=[], device=cpu, fields={", 0) == 0);
+}
+
+TEST_CASE("gradients flow through stack and apply to the original leaves", "[tensordict]") {
+  auto a = make_mlp().apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+  auto b = make_mlp().apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+  auto stacked = stack({a, b}).apply([](const at::Tensor& t) { return t * 3; });
+  stacked.get<"0", "weight">().sum().backward();
+  CHECK(a.get<"0", "weight">().grad().equal(at::full({4, 3}, 3.0)));
+  CHECK(b.get<"0", "weight">().grad().equal(at::full({4, 3}, 3.0)));
+  CHECK(!a.get<"2", "weight">().grad().defined());
+}
+
+TEST_CASE("comparisons give a TensorDict of bools", "[tensordict]") {
+  auto td = make_mlp();
+  auto same = td == td.clone();
+  CHECK(same.get<"0", "weight">().scalar_type() == at::kBool);
+  CHECK(same.all());
+  auto other = td.clone();
+  other.get<"2", "bias">().add_(1);
+  CHECK(!(td == other).all());
+  CHECK((td != other).any());
+  CHECK(!(td != td).any());
+}
+
+TEST_CASE("indexing along the batch dims", "[tensordict]") {
+  auto td = make_mlp({3, 2});
+  auto row = td[1];
+  CHECK(row.batch_size() == c10::IntArrayRef({2}));
+  CHECK(row.get<"0", "weight">().sizes() == c10::IntArrayRef({2, 4, 3}));
+  CHECK(row.get<"0", "weight">().data_ptr() != td.get<"0", "weight">().data_ptr());  // offset view
+  row.get<"0", "weight">().fill_(7);
+  CHECK(td.get<"0", "weight">()[1].eq(7).all().item<bool>());  // a view
+
+  auto cols = td.index({idx::Slice(), 0});
+  CHECK(cols.batch_size() == c10::IntArrayRef({3}));
+  CHECK(cols.get<"2", "bias">().sizes() == c10::IntArrayRef({3, 1}));
+
+  auto ell = td.index({idx::Ellipsis, 1});  // the Ellipsis covers batch dims only
+  CHECK(ell.batch_size() == c10::IntArrayRef({3}));
+  CHECK(ell.get<"0", "weight">().sizes() == c10::IntArrayRef({3, 4, 3}));
+
+  auto mask = at::tensor({1, 0, 1}).to(at::kBool);
+  auto picked = td.index({mask});
+  CHECK(picked.batch_size() == c10::IntArrayRef({2, 2}));
+  CHECK(picked.get<"0", "bias">().equal(td.get<"0", "bias">().index({mask})));
+
+  CHECK_THROWS_AS(td.index({0, 0, 0}), index_error);
+}
+
+TEST_CASE("unbind and expand", "[tensordict]") {
+  auto td = make_mlp({3, 2});
+  auto rows = td.unbind(0);
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[2].batch_size() == c10::IntArrayRef({2}));
+  CHECK(rows[2].get<"0", "weight">().equal(td.get<"0", "weight">()[2]));
+  auto cols = td.unbind(-1);
+  REQUIRE(cols.size() == 2);
+  CHECK(cols[1].get<"2", "bias">().equal(td.get<"2", "bias">().select(1, 1)));
+  CHECK_THROWS_WITH(td.unbind(2), Contains("unbind") && Contains("[3,2]"));
+
+  auto single = make_mlp();
+  auto four = single.expand(4);
+  CHECK(four.batch_size() == c10::IntArrayRef({4}));
+  CHECK(four.get<"0", "weight">().sizes() == c10::IntArrayRef({4, 4, 3}));
+  CHECK(four.get<"0", "weight">().data_ptr() == single.get<"0", "weight">().data_ptr());
+  auto more = td.expand({5, 3, -1});
+  CHECK(more.batch_size() == c10::IntArrayRef({5, 3, 2}));
+  CHECK_THROWS_AS(td.expand({4, 2}), shape_error);
+  CHECK_THROWS_AS(td.expand({2}), shape_error);
+}
+
+TEST_CASE("stack adds a batch dim", "[tensordict]") {
+  auto a = make_mlp(), b = make_mlp(), c = make_mlp();
+  auto s = stack({a, b, c});
+  CHECK(s.batch_size() == c10::IntArrayRef({3}));
+  CHECK(s.get<"2", "weight">()[1].equal(b.get<"2", "weight">()));
+  auto v = stack(a, b, c);
+  CHECK((v == s).all());
+  auto from_vector = stack(std::vector<TensorDict<mlp>>{a, b});
+  CHECK(from_vector.batch_size() == c10::IntArrayRef({2}));
+
+  auto batched = stack({make_mlp({2}), make_mlp({2})}, 1);
+  CHECK(batched.batch_size() == c10::IntArrayRef({2, 2}));
+  CHECK(batched.get<"0", "weight">().sizes() == c10::IntArrayRef({2, 2, 4, 3}));
+}
+
+TEST_CASE("stack names the odd key, both shapes and the index", "[tensordict]") {
+  auto a = make_mlp(), b = make_mlp(), c = make_mlp();
+  c.set<"2", "weight">(at::zeros({1, 5}));
+  CHECK_THROWS_WITH(stack({a, b, c}), Contains(R"(("2", "weight"))") && Contains("f32[1,4]") && Contains("f32[1,5]") &&
+                                          Contains("TensorDict 2"));
+  CHECK_THROWS_AS(stack({a, b, c}), shape_error);
+  CHECK_THROWS_WITH(stack({make_mlp({2}), make_mlp({3})}), Contains("batch_size=[2]") && Contains("batch_size=[3]"));
+}
+
+TEST_CASE("flatten_keys and unflatten_keys keep the tensors", "[tensordict]") {
+  auto td = make_mlp();
+  auto flat = td.flatten_keys<".">();
+  STATIC_REQUIRE(std::is_same_v<decltype(flat)::schema_t, flatten_t<mlp, ".">>);
+  CHECK(impl(flat.get<"0.weight">()) == impl(td.get<"0", "weight">()));
+  CHECK(printed(flat) == "TensorDict(batch_size=[], fields={0.bias: f32[4], 0.weight: f32[4,3], 2.bias: f32[1], 2.weight: f32[1,4]})");
+  auto back = flat.unflatten_keys<".">();
+  STATIC_REQUIRE(std::is_same_v<decltype(back), TensorDict<mlp>>);
+  CHECK(impl(back.get<"2", "bias">()) == impl(td.get<"2", "bias">()));
+
+  using interleaved = schema<leaf<"a.x">, leaf<"b">, leaf<"a.y">>;
+  TensorDict<interleaved> mixed({at::zeros({1}), at::zeros({2}), at::zeros({3})});
+  auto tree = mixed.unflatten_keys();
+  CHECK(impl(tree.get<"a", "y">()) == impl(mixed.get<"a.y">()));
+  CHECK(impl(tree.get<"b">()) == impl(mixed.get<"b">()));
+}
+
+TEST_CASE("a locked TensorDict refuses new leaves but allows in-place writes", "[tensordict]") {
+  auto td = make_mlp();
+  CHECK(!td.is_locked());
+  td.lock_();
+  CHECK(td.is_locked());
+  CHECK(td.get<"0">().is_locked());  // locks propagate to sub-trees
+  at::Tensor before = td.get<"0", "weight">();
+  CHECK_THROWS_AS((td.set<"0", "weight">(at::zeros({4, 3}))), lock_error);
+  CHECK_THROWS_WITH(td.get<"0">().set<"weight">(at::zeros({4, 3})),
+                    Contains(R"("weight")") && Contains("locked") && Contains("unlock_()"));
+  CHECK(impl(td.get<"0", "weight">()) == impl(before));
+  td.get<"0", "weight">().zero_();  // in place is fine
+  CHECK(td.get<"0", "weight">().eq(0).all().item<bool>());
+  td.zero_();
+
+  CHECK(!td.clone().is_locked());
+  CHECK_THROWS_WITH(td.get<"0">().unlock_(), Contains("part of a locked TensorDict"));
+  td.unlock_();
+  CHECK(!td.get<"0">().is_locked());
+  td.set<"0", "weight">(at::zeros({4, 3}));
+
+  td.get<"2">().lock_();  // a child's lock does not lock its parent
+  CHECK(!td.is_locked());
+  td.set<"0", "bias">(at::zeros({4}));
+  CHECK_THROWS_AS((td.set<"2", "bias">(at::zeros({1}))), lock_error);
+  td.get<"2">().unlock_();
+  td.set<"2", "bias">(at::zeros({1}));
+}
+
+TEST_CASE("printing follows the reference format", "[tensordict]") {
+  auto td = make_mlp();
+  CHECK(printed(td) ==
+        "TensorDict(batch_size=[], fields={0: {bias: f32[4], weight: f32[4,3]}, 2: {bias: f32[1], weight: f32[1,4]}})");
+  CHECK(td.repr(print_style::multiline) ==
+        "TensorDict(batch_size=[], fields={\n"
+        "    0: {bias: f32[4], weight: f32[4,3]},\n"
+        "    2: {bias: f32[1], weight: f32[1,4]}})");
+  CHECK(printed(stack({td, td, td})) ==
+        "TensorDict(batch_size=[3], fields={0: {bias: f32[3,4], weight: f32[3,4,3]}, 2: {bias: f32[3,1], weight: "
+        "f32[3,1,4]}})");
+
+  // Keys sort as strings, as Python's sorted() does.
+  using many = schema<leaf<"b">, leaf<"10">, leaf<"2">, leaf<"a">>;
+  TensorDict<many> m({at::zeros({}), at::zeros({1}), at::zeros({2}), at::zeros({3})});
+  CHECK(printed(m) == "TensorDict(batch_size=[], fields={10: f32[1], 2: f32[2], a: f32[3], b: f32[]})");
+
+  using dtypes = schema<leaf<"a">, leaf<"b">, leaf<"c">, leaf<"d">, leaf<"e">, leaf<"f">, leaf<"g">, leaf<"h">, leaf<"i">,
+                        leaf<"j">, leaf<"k">, leaf<"l">>;
+  auto of = [](at::ScalarType t) { return at::zeros({2}, t); };
+  TensorDict<dtypes> d({of(at::kHalf), of(at::kBFloat16), of(at::kFloat), of(at::kDouble), of(at::kChar), of(at::kShort),
+                        of(at::kInt), of(at::kLong), of(at::kByte), of(at::kBool), of(at::kComplexFloat),
+                        of(at::kComplexDouble)});
+  CHECK(printed(d) ==
+        "TensorDict(batch_size=[], fields={a: f16[2], b: bf16[2], c: f32[2], d: f64[2], e: i8[2], f: i16[2], g: i32[2], "
+        "h: i64[2], i: u8[2], j: bool[2], k: c64[2], l: c128[2]})");
+}
