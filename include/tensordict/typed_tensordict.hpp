@@ -226,18 +226,26 @@ class TensorDict {
   }
 
   // Calls f on every set leaf; if f returns a tensor, its values are written
-  // into the leaf (the leaf keeps its identity).
+  // into the leaf (the leaf keeps its identity). Every result is computed
+  // before the first is written, so an f that throws changes nothing (unless
+  // f itself wrote in place).
   template <class F>
   TensorDict& apply_(F&& f) {
-    for_each_set_leaf([&](std::size_t, const at::Tensor& t) {
-      at::Tensor leaf = t;
-      if constexpr (std::is_void_v<std::invoke_result_t<F&, at::Tensor&>>) {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, at::Tensor&>>) {
+      for_each_set_leaf([&](std::size_t, const at::Tensor& t) {
+        at::Tensor leaf = t;
         f(leaf);
-      } else {
-        at::Tensor r = f(leaf);
-        if (r.defined() && !r.is_same(t)) t.copy_(r);
-      }
-    });
+      });
+    } else {
+      std::array<at::Tensor, leaf_count> results;
+      for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
+        at::Tensor leaf = t;
+        results[i] = f(leaf);
+      });
+      for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
+        if (results[i].defined() && !results[i].is_same(t)) t.copy_(results[i]);
+      });
+    }
     return *this;
   }
 

@@ -1,6 +1,5 @@
 // Precompiled for the test translation units (not the Catch2 main): the
 // heavy headers that every test includes anyway.
-#pragma once
 #include <ATen/TensorIndexing.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
