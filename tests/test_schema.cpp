@@ -26,7 +26,7 @@ TEST_CASE("leaf paths list every leaf in declaration order", "[schema]") {
 }
 
 TEST_CASE("node tables give every node its parent", "[schema]") {
-  const auto& parents = detail::node_parents_of<deep>::value;
+  const auto& parents = tensordict::detail::node_parents_of<deep>::value;
   // root, "0", "2", "deep", ("deep", "er")
   CHECK(parents[0] == npos);
   CHECK(parents[1] == 0);

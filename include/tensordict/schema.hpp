@@ -311,7 +311,7 @@ struct leaf_table_of<schema<Fields...>, Depth> {
   static constexpr std::array<leaf_entry<Depth>, S::leaf_count> build() {
     std::array<leaf_entry<Depth>, S::leaf_count> out{};
     std::size_t field = 0;
-    auto add = [&](std::string_view name, const auto& child_table, bool child_is_leaf) {
+    [[maybe_unused]] auto add = [&](std::string_view name, const auto& child_table, bool child_is_leaf) {
       std::size_t base = S::leaf_offsets[field];
       for (std::size_t i = 0; i < child_table.size(); ++i) {
         leaf_entry<Depth> e = child_table[i];
@@ -342,7 +342,7 @@ struct node_parents_of<schema<Fields...>> {
     std::array<std::size_t, S::node_count> out{};
     out[0] = npos;
     std::size_t field = 0;
-    auto add = [&]<class Child>(std::type_identity<Child>) {
+    [[maybe_unused]] auto add = [&]<class Child>(std::type_identity<Child>) {
       if constexpr (!std::is_same_v<Child, tensor_leaf>) {
         std::size_t base = S::node_offsets[field];
         const auto& sub = node_parents_of<Child>::value;

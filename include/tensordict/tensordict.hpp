@@ -3,6 +3,8 @@
 #pragma once
 
 #include "errors.hpp"
+#include "functional.hpp"
 #include "keys.hpp"
+#include "module_schema.hpp"
 #include "schema.hpp"
 #include "typed_tensordict.hpp"

@@ -1,0 +1,345 @@
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+
+#include "catch_torch.hpp"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+
+#include <tensordict/functional.hpp>
+
+using namespace tensordict;
+namespace tdn = tensordict::nn;
+using Catch::Matchers::Contains;
+
+// ---- user modules of the tests ----------------------------------------------
+
+struct ScaledNetImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  at::Tensor scale;
+  ScaledNetImpl() {
+    fc = register_module("fc", torch::nn::Linear(3, 2));
+    scale = register_parameter("scale", at::ones({2}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc->forward(x) * scale; }
+};
+TENSORDICT_MODULE(ScaledNetImpl, fc, scale);
+TORCH_MODULE(ScaledNet);
+
+// Names only one of its two tensors.
+struct ForgetfulImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  at::Tensor extra;
+  ForgetfulImpl() {
+    fc = register_module("fc", torch::nn::Linear(3, 2));
+    extra = register_buffer("extra", at::zeros({2}));
+  }
+};
+TENSORDICT_MODULE(ForgetfulImpl, fc);
+
+struct ThrowingImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  ThrowingImpl() { fc = register_module("fc", torch::nn::Linear(3, 2)); }
+  at::Tensor forward(const at::Tensor& x) {
+    fc->forward(x);
+    throw std::runtime_error("forward failed");
+  }
+};
+TENSORDICT_MODULE(ThrowingImpl, fc);
+
+// One Linear registered under two names.
+struct TwiceImpl : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  TwiceImpl() {
+    a = register_module("a", torch::nn::Linear(3, 3));
+    b = register_module("b", a);
+  }
+  at::Tensor forward(const at::Tensor& x) { return b->forward(a->forward(x)); }
+};
+TENSORDICT_MODULE(TwiceImpl, a, b);
+
+namespace {
+using mlp_t = tdn::Sequential<torch::nn::Linear, torch::nn::ReLU, torch::nn::Linear>;
+mlp_t make_mlp() { return mlp_t(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 1)); }
+
+const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+template <class S>
+std::string printed(const TensorDict<S>& td) {
+  return td.repr();
+}
+
+std::vector<std::string> names_of(const torch::OrderedDict<std::string, at::Tensor>& dict) {
+  std::vector<std::string> out;
+  for (const auto& item : dict) out.push_back(item.key());
+  return out;
+}
+}  // namespace
+
+// ---- schemas ------------------------------------------------------------------
+
+using linear_schema = schema<leaf<"weight">, leaf<"bias">>;
+static_assert(std::is_same_v<tdn::schema_of<torch::nn::LinearImpl>, linear_schema>);
+static_assert(std::is_same_v<tdn::schema_of<torch::nn::Conv2dImpl>, linear_schema>);
+static_assert(std::is_same_v<tdn::schema_of<torch::nn::EmbeddingImpl>, schema<leaf<"weight">>>);
+static_assert(std::is_same_v<tdn::schema_of<torch::nn::BatchNorm1dImpl>,
+                             schema<leaf<"weight">, leaf<"bias">, leaf<"running_mean">, leaf<"running_var">,
+                                    leaf<"num_batches_tracked">>>);
+static_assert(std::is_same_v<tdn::schema_of<torch::nn::ReLUImpl>, schema<>>);
+static_assert(std::is_same_v<tdn::schema_of<torch::nn::DropoutImpl>, schema<>>);
+static_assert(std::is_same_v<tdn::schema_of<mlp_t::Impl>, schema<field<"0", linear_schema>, field<"2", linear_schema>>>);
+static_assert(std::is_same_v<tdn::schema_of<ScaledNetImpl>, schema<field<"fc", linear_schema>, leaf<"scale">>>);
+
+TEST_CASE("the typed Sequential registers its children as Python's nn.Sequential", "[functional]") {
+  auto net = make_mlp();
+  CHECK(names_of(net->named_parameters()) == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  auto x = at::randn({5, 3});
+  auto expected = net->child<2>()->forward(net->child<1>()->forward(net->child<0>()->forward(x)));
+  CHECK(net->forward(x).equal(expected));
+}
+
+// ---- from_module ------------------------------------------------------------------
+
+TEST_CASE("from_module holds the module's own tensors", "[functional]") {
+  auto net = make_mlp();
+  auto params = from_module(net);
+  CHECK(printed(params) ==
+        "TensorDict(batch_size=[], fields={0: {bias: f32[4], weight: f32[4,3]}, 2: {bias: f32[1], weight: f32[1,4]}})");
+  CHECK(impl(params.get<"0", "weight">()) == impl(net->child<0>()->weight));
+  CHECK(impl(params.get<"2", "bias">()) == impl(net->named_parameters()["2.bias"]));
+
+  torch::nn::BatchNorm1d bn(4);
+  auto stats = from_module(bn);
+  CHECK(impl(stats.get<"running_mean">()) == impl(bn->running_mean));
+  CHECK(impl(stats.get<"num_batches_tracked">()) == impl(bn->num_batches_tracked));
+
+  ScaledNet user;
+  auto p = from_module(user);
+  CHECK(impl(p.get<"fc", "weight">()) == impl(user->fc->weight));
+  CHECK(impl(p.get<"scale">()) == impl(user->scale));
+}
+
+TEST_CASE("a Linear without bias has no bias key", "[functional]") {
+  torch::nn::Linear no_bias(torch::nn::LinearOptions(3, 4).bias(false));
+  auto params = from_module(no_bias);
+  REQUIRE(params.keys().size() == 1);
+  CHECK(params.keys()[0].join(".") == "weight");
+  CHECK(printed(params) == "TensorDict(batch_size=[], fields={weight: f32[4,3]})");
+  CHECK_THROWS_AS(params.get<"bias">(), key_error);
+  auto x = at::randn({2, 3});
+  CHECK(functional_call(no_bias, params, x).equal(no_bias->forward(x)));
+
+  // A bias where the module has none is refused, and nothing changes.
+  torch::nn::Linear with_bias(3, 4);
+  auto full = from_module(with_bias).clone();
+  CHECK_THROWS_WITH(to_module(full, no_bias), Contains(R"("bias")") && Contains("no tensor"));
+  CHECK(!no_bias->bias.defined());
+}
+
+TEST_CASE("from_module refuses a module that registered a tensor its schema lacks", "[functional]") {
+  auto m = std::make_shared<ForgetfulImpl>();
+  CHECK_THROWS_WITH(from_module(m), Contains(R"(buffer "extra")") && Contains("TENSORDICT_MODULE"));
+}
+
+// ---- to_module ----------------------------------------------------------------------
+
+TEST_CASE("to_module swaps the tensors for the scope of the guard", "[functional]") {
+  auto net = make_mlp();
+  auto params = from_module(net);
+  auto zeros = params.detach().clone().zero_();
+  auto x = at::randn({5, 3});
+  const at::Tensor original_weight = net->child<0>()->weight;
+  {
+    auto swap = to_module(zeros, net);
+    CHECK((net->forward(x) == 0).all().item<bool>());
+    // The registry shows the swapped tensors too.
+    CHECK(impl(net->named_parameters()["0.weight"]) == impl(zeros.get<"0", "weight">()));
+    CHECK(impl(net->child<2>()->named_parameters()["bias"]) == impl(zeros.get<"2", "bias">()));
+  }
+  CHECK(impl(net->child<0>()->weight) == impl(original_weight));
+  CHECK(impl(net->named_parameters()["0.weight"]) == impl(original_weight));
+  CHECK(!(net->forward(x) == 0).all().item<bool>());
+}
+
+TEST_CASE("to_module restores after a throwing forward", "[functional]") {
+  auto m = std::make_shared<ThrowingImpl>();
+  const at::Tensor w = m->fc->weight;
+  auto zeros = from_module(m).detach().clone().zero_();
+  try {
+    auto swap = to_module(zeros, m);
+    m->forward(at::randn({1, 3}));
+    FAIL("forward did not throw");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "forward failed");
+  }
+  CHECK(impl(m->fc->weight) == impl(w));
+  CHECK(impl(m->named_parameters()["fc.weight"]) == impl(w));
+}
+
+TEST_CASE("gradients reach the swapped-in tensors, not the module's", "[functional]") {
+  auto net = make_mlp();
+  auto params = from_module(net).detach().clone().apply([](const at::Tensor& t) { return t.requires_grad_(); });
+  {
+    auto swap = to_module(params, net);
+    net->forward(at::randn({5, 3})).sum().backward();
+  }
+  CHECK(params.get<"0", "weight">().grad().defined());
+  CHECK(params.get<"2", "bias">().grad().defined());
+  CHECK(!net->child<0>()->weight.grad().defined());
+}
+
+TEST_CASE("a mismatched shape throws before anything is swapped", "[functional]") {
+  auto net = make_mlp();
+  auto params = from_module(net).detach().clone();
+  params.set<"2", "bias">(at::zeros({3}));  // the last leaf is wrong
+  const at::Tensor w = net->child<0>()->weight;
+  CHECK_THROWS_WITH(to_module(params, net), Contains(R"(("2", "bias"))") && Contains("f32[3]") && Contains("f32[1]"));
+  CHECK(impl(net->child<0>()->weight) == impl(w));
+  params.set<"2", "bias">(at::zeros({1}, at::kDouble));
+  CHECK_THROWS_AS(to_module(params, net), shape_error);
+}
+
+TEST_CASE("nested guards unwind in order; release keeps the swap", "[functional]") {
+  auto net = make_mlp();
+  auto original = from_module(net);
+  auto ones = original.detach().clone().apply_([](at::Tensor& t) { t.fill_(1); });
+  auto twos = original.detach().clone().apply_([](at::Tensor& t) { t.fill_(2); });
+  {
+    auto outer = to_module(ones, net);
+    {
+      auto inner = to_module(twos, net);
+      CHECK(impl(net->child<0>()->weight) == impl(twos.get<"0", "weight">()));
+    }
+    CHECK(impl(net->child<0>()->weight) == impl(ones.get<"0", "weight">()));
+    auto moved = std::move(outer);  // the guard moves; only one restores
+  }
+  CHECK(impl(net->child<0>()->weight) == impl(original.get<"0", "weight">()));
+
+  auto replaced = to_module(ones, net).release();
+  CHECK(impl(net->child<2>()->weight) == impl(ones.get<"2", "weight">()));
+  CHECK(impl(replaced.get<"2", "weight">()) == impl(original.get<"2", "weight">()));
+  to_module(replaced, net).release();
+  CHECK(impl(net->child<2>()->weight) == impl(original.get<"2", "weight">()));
+}
+
+TEST_CASE("a sub-module used twice is swapped and restored", "[functional]") {
+  auto m = std::make_shared<TwiceImpl>();
+  auto params = from_module(m);
+  CHECK(impl(params.get<"a", "weight">()) == impl(params.get<"b", "weight">()));
+  const at::Tensor w = m->a->weight;
+  auto zeros = params.detach().clone().zero_();
+  {
+    auto swap = to_module(zeros, m);
+    CHECK((m->forward(at::randn({2, 3})) == 0).all().item<bool>());
+  }
+  CHECK(impl(m->a->weight) == impl(w));
+  CHECK(impl(m->b->weight) == impl(w));
+}
+
+TEST_CASE("to_module_ copies values into the module's own tensors", "[functional]") {
+  auto net = make_mlp();
+  const at::Tensor w = net->child<0>()->weight;
+  auto ones = from_module(net).detach().clone().apply_([](at::Tensor& t) { t.fill_(1); });
+  to_module_(ones, net);
+  CHECK(impl(net->child<0>()->weight) == impl(w));
+  CHECK((w == 1).all().item<bool>());
+  CHECK(w.requires_grad());
+}
+
+// ---- from_modules -------------------------------------------------------------------
+
+TEST_CASE("from_modules stacks new leaves", "[functional]") {
+  std::vector<mlp_t> nets{make_mlp(), make_mlp(), make_mlp()};
+  auto stacked = from_modules(nets);
+  CHECK(stacked.batch_size() == c10::IntArrayRef({3}));
+  for (int i = 0; i < 3; ++i) CHECK(stacked.get<"0", "weight">()[i].equal(nets[i]->child<0>()->weight));
+  CHECK(stacked.get<"0", "weight">().requires_grad());
+  CHECK(stacked.get<"0", "weight">().is_leaf());
+  stacked.get<"0", "weight">().sum().backward();
+  CHECK(stacked.get<"0", "weight">().grad().defined());
+  CHECK(!nets[0]->child<0>()->weight.grad().defined());
+
+  auto variadic = from_modules(nets[0], nets[1]);
+  CHECK(variadic.batch_size() == c10::IntArrayRef({2}));
+
+  torch::nn::BatchNorm1d bn1(4), bn2(4);
+  auto stats = from_modules(bn1, bn2);
+  CHECK(!stats.get<"running_mean">().requires_grad());
+
+  std::vector<torch::nn::Linear> odd{torch::nn::Linear(3, 4), torch::nn::Linear(3, 4), torch::nn::Linear(3, 5)};
+  CHECK_THROWS_WITH(from_modules(odd), Contains(R"("weight")") && Contains("f32[4,3]") && Contains("f32[5,3]") &&
+                                           Contains("TensorDict 2"));
+}
+
+// ---- functional_call ----------------------------------------------------------------
+
+template <class Module, class Input>
+void check_functional_call(Module module, const Input& x) {
+  auto params = from_module(module).detach().clone().apply_([](at::Tensor& t) {
+    if (t.is_floating_point()) t.mul_(0.5);
+  });
+  at::Tensor expected;
+  {
+    auto swap = to_module(params, module);
+    expected = module->forward(x);
+  }
+  auto before = from_module(module);
+  CHECK(functional_call(module, params, x).allclose(expected));
+  CHECK(functional_call(module, params.flatten_keys(), x).allclose(expected));
+  CHECK((from_module(module) == before).all());
+}
+
+TEST_CASE("functional_call matches the module's forward for every built-in type", "[functional]") {
+  check_functional_call(torch::nn::Linear(3, 4), at::randn({5, 3}));
+  check_functional_call(torch::nn::Conv1d(torch::nn::Conv1dOptions(2, 3, 3).padding(1)), at::randn({2, 2, 8}));
+  check_functional_call(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 3, 3).stride(2).groups(1)), at::randn({2, 2, 9, 9}));
+  check_functional_call(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3).padding(1).padding_mode(torch::kReflect).groups(2)),
+                        at::randn({1, 2, 6, 6}));
+  check_functional_call(torch::nn::Conv3d(torch::nn::Conv3dOptions(1, 2, 2)), at::randn({1, 1, 4, 4, 4}));
+  check_functional_call(torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(2, 3, 3).stride(2).output_padding(1)),
+                        at::randn({1, 2, 5, 5}));
+  check_functional_call(torch::nn::LayerNorm(torch::nn::LayerNormOptions({4})), at::randn({3, 4}));
+  check_functional_call(torch::nn::GroupNorm(2, 4), at::randn({3, 4, 5}));
+  check_functional_call(torch::nn::Embedding(10, 3), at::randint(0, 10, {4, 2}));
+  torch::nn::BatchNorm1d bn(4);
+  bn->eval();
+  check_functional_call(bn, at::randn({6, 4}));
+  check_functional_call(make_mlp(), at::randn({5, 3}));
+  check_functional_call(ScaledNet(), at::randn({5, 3}));
+}
+
+TEST_CASE("functional_call of BatchNorm in training updates the TensorDict's statistics", "[functional]") {
+  torch::nn::BatchNorm1d bn(4);
+  auto stats = from_module(bn).detach().clone();
+  auto x = at::randn({8, 4});
+  auto y = functional_call(bn, stats, x);
+  CHECK(stats.get<"num_batches_tracked">().item<std::int64_t>() == 1);
+  CHECK(bn->num_batches_tracked.item<std::int64_t>() == 0);
+  CHECK(!stats.get<"running_mean">().equal(bn->running_mean));
+  CHECK(y.allclose(bn->forward(x)));
+  CHECK(stats.get<"running_mean">().allclose(bn->running_mean));
+}
+
+TEST_CASE("functional_call is safe from two threads on one module", "[functional]") {
+  auto net = make_mlp();
+  auto x = at::randn({5, 3});
+  auto a = from_module(net).detach().clone();
+  auto b = a.apply([](const at::Tensor& t) { return t * -3; });
+  const at::Tensor expected_a = functional_call(net, a, x);
+  const at::Tensor expected_b = functional_call(net, b, x);
+  REQUIRE(!expected_a.allclose(expected_b));
+  std::atomic<int> wrong{0};
+  auto worker = [&](const TensorDict<tdn::schema_of<mlp_t::Impl>>& params, const at::Tensor& expected) {
+    for (int i = 0; i < 2000; ++i)
+      if (!functional_call(net, params, x).equal(expected)) ++wrong;
+  };
+  std::thread t1(worker, std::cref(a), std::cref(expected_a));
+  std::thread t2(worker, std::cref(b), std::cref(expected_b));
+  t1.join();
+  t2.join();
+  CHECK(wrong == 0);
+}
