@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Compiles the C++ examples of a Markdown file, so the docs cannot rot.
 
-Each ```cpp block becomes one translation unit: its #include, namespace and
-using lines stay at file scope, the other lines form the body of a function.
+Each ```cpp block becomes one translation unit that includes the library. A
+block that declares a type at column 0 (struct, class) is all file scope;
+in the others, #include, namespace and using lines stay at file scope and
+the other lines form the body of a function.
 
 Usage: doc_snippets.py FILE.md -- COMPILER FLAGS...
 """
@@ -16,7 +18,11 @@ FILE_SCOPE = re.compile(r"^(#include|namespace |using )")
 
 
 def translation_unit(block: str) -> str:
-    top, body = ["#include <iostream>", "#include <ATen/ops/randn.h>"], []
+    top = ["#include <iostream>", "#include <ATen/ops/ones.h>", "#include <ATen/ops/randn.h>",
+           "#include <tensordict/tensordict.hpp>"]
+    if re.search(r"^(struct|class) ", block, re.M):
+        return "\n".join(top) + "\n" + block
+    body = []
     for line in block.splitlines():
         (top if FILE_SCOPE.match(line) else body).append(line)
     return "\n".join(top) + "\n\nvoid snippet() {\n" + "\n".join(body) + "\n}\n"
