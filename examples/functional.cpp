@@ -4,7 +4,6 @@
 #include <iostream>
 
 #include <ATen/ops/randn.h>
-#include <ATen/ops/stack.h>
 #include <tensordict/tensordict.hpp>
 
 namespace td = tensordict;
@@ -35,7 +34,7 @@ int main() {
   std::cout << "Output with original params: " << y_original << "\n";
   TORCH_CHECK(!(y_original == 0).all().item<bool>());
 
-  // Model ensembling (one set of parameters at a time until the vmap issue lands)
+  // Model ensembling with vmap
   auto params_ones = params.detach().clone().apply_([](at::Tensor& t) { return t.fill_(1.0); });
   auto params_stack = td::stack({params_zero, params_ones, params});
   std::cout << "Stacked params batch_size: " << td::format_sizes(params_stack.batch_size()) << "\n";
@@ -45,9 +44,7 @@ int main() {
     return module->forward(input);
   };
   auto xs = at::randn({3, 5, 3});
-  std::vector<at::Tensor> outputs;
-  for (std::int64_t i = 0; i < 3; ++i) outputs.push_back(call(xs[i], params_stack[i]));
-  auto y = at::stack(outputs);
+  auto y = td::vmap(call)(xs, params_stack);
   std::cout << "Output shape: " << td::format_sizes(y.sizes()) << "\n";
   TORCH_CHECK((y[0] == 0).all().item<bool>());
 
@@ -58,9 +55,7 @@ int main() {
   std::cout << "Ensemble params batch_size: " << td::format_sizes(ensemble_params.batch_size()) << "\n";
 
   x = at::randn({5, 3});
-  outputs.clear();
-  for (std::int64_t i = 0; i < 3; ++i) outputs.push_back(call(x, ensemble_params[i]));  // in_dims=(None, 0)
-  y = at::stack(outputs);
+  y = td::vmap(call, {std::nullopt, 0})(x, ensemble_params);
   std::cout << "Output shape: " << td::format_sizes(y.sizes()) << "\n";
   for (std::size_t i = 0; i < modules.size(); ++i) TORCH_CHECK(y[i].allclose(modules[i]->forward(x)));
 

@@ -8,3 +8,4 @@
 #include "module_schema.hpp"
 #include "schema.hpp"
 #include "typed_tensordict.hpp"
+#include "vmap.hpp"

@@ -26,3 +26,9 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/functorch/BatchedTensorImpl.h>
+#include <ATen/functorch/DynamicLayer.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/movedim.h>
