@@ -5,6 +5,7 @@
 //   ├── tensordict::shape_error    a batch size or leaf shape does not match
 //   ├── tensordict::dtype_error    a leaf's dtype does not match
 //   ├── tensordict::index_error    an index or dim is out of range for the batch dims
+//   ├── tensordict::value_error    an argument value the reference rejects (its ValueError)
 //   └── tensordict::lock_error     a locked TensorDict was asked to replace a leaf
 //
 // Messages name the operation, the key path, and what was expected against
@@ -37,6 +38,11 @@ class dtype_error : public error {
 };
 
 class index_error : public error {
+ public:
+  using error::error;
+};
+
+class value_error : public error {
  public:
   using error::error;
 };

@@ -4,6 +4,7 @@
 
 #include "errors.hpp"
 #include "functional.hpp"
+#include "functional_vmap.hpp"
 #include "keys.hpp"
 #include "module_schema.hpp"
 #include "schema.hpp"

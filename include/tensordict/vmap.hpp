@@ -39,7 +39,7 @@ using in_dim = std::optional<std::int64_t>;
 
 struct vmap_options {
   tensordict::randomness randomness = tensordict::randomness::error;
-  std::optional<std::int64_t> chunk_size;  // slices computed at once; all when unset
+  std::optional<std::int64_t> chunk_size{};  // slices computed at once; all when unset
 };
 
 namespace detail {

@@ -1,0 +1,222 @@
+#include "catch_torch.hpp"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/stack.h>
+
+#include <tensordict/functional_vmap.hpp>
+
+using namespace tensordict;
+namespace tdn = tensordict::nn;
+using Catch::Matchers::Contains;
+
+struct EncoderImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  EncoderImpl() { fc = register_module("fc", torch::nn::Linear(3, 2)); }
+  at::Tensor forward(const at::Tensor& x) { return fc->forward(x); }
+  at::Tensor encode(const at::Tensor& x) { return fc->forward(x).tanh(); }
+};
+TENSORDICT_MODULE(EncoderImpl, fc);
+TORCH_MODULE(Encoder);
+
+namespace {
+template <class Module>
+std::vector<Module> copies(int n, auto make) {
+  std::vector<Module> out;
+  for (int i = 0; i < n; ++i) out.push_back(make());
+  return out;
+}
+
+template <class S>
+TensorDict<S> trainable(const TensorDict<S>& td) {
+  return td.apply([](const at::Tensor& t) { return t.detach().clone().requires_grad_(t.requires_grad()); });
+}
+
+template <class S>
+std::vector<at::Tensor> grads(const TensorDict<S>& td) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : td.values())
+    if (t.requires_grad()) out.push_back(t.grad());
+  return out;
+}
+
+// The lowered path, vmap of the functional call, and the loop agree in values and gradients.
+template <class Module>
+void check_three_paths(std::vector<Module>& modules, const at::Tensor& x, bool mapped_input) {
+  auto stacked = from_modules(modules);
+  auto lowered_params = trainable(stacked), vmap_params = trainable(stacked), loop_params = trainable(stacked);
+  auto& m = modules[0];
+  at::Tensor lowered, generic, looped;
+  if (mapped_input) {
+    auto kw = tdn::kwargs(tdn::kw<"input">(x));
+    auto dims = tdn::in_dims(tdn::in_dim_of<"input">(0));
+    lowered = tdn::functional_vmap(m, lowered_params, {}, kw, dims);
+    looped = tdn::functional_vmap(m, loop_params, {}, kw, dims, {.loop = true});
+    generic = vmap([&](const auto& p, const at::Tensor& in) { return functional_call(m, p, in); })(vmap_params, x);
+  } else {
+    lowered = tdn::functional_vmap(m, lowered_params, tdn::args(x));
+    looped = tdn::functional_vmap(m, loop_params, tdn::args(x), {}, {}, {.loop = true});
+    generic = vmap([&](const auto& p, const at::Tensor& in) { return functional_call(m, p, in); }, {0, std::nullopt})(
+        vmap_params, x);
+  }
+  for (std::size_t i = 0; i < modules.size(); ++i)
+    CHECK(lowered[i].allclose(modules[i]->forward(mapped_input ? x[i] : x), 1e-4, 1e-5));
+  CHECK(lowered.allclose(generic, 1e-4, 1e-5));
+  CHECK(lowered.allclose(looped, 1e-4, 1e-5));
+  if (!lowered.is_floating_point() || !lowered.requires_grad()) return;
+  lowered.pow(2).sum().backward();
+  generic.pow(2).sum().backward();
+  looped.pow(2).sum().backward();
+  auto gl = grads(lowered_params), gv = grads(vmap_params), gp = grads(loop_params);
+  REQUIRE(gl.size() == gv.size());
+  for (std::size_t i = 0; i < gl.size(); ++i) {
+    CHECK(gl[i].allclose(gv[i], 1e-4, 1e-5));
+    CHECK(gl[i].allclose(gp[i], 1e-4, 1e-5));
+  }
+}
+}  // namespace
+
+TEST_CASE("the reference's functional_vmap examples", "[functional_vmap]") {
+  auto nets = copies<torch::nn::Linear>(4, [] { return torch::nn::Linear(3, 1); });
+  auto params = from_modules(nets);
+  auto x = at::randn({10, 3});
+  CHECK(tdn::functional_vmap(nets[0], params, tdn::args(x)).sizes() == c10::IntArrayRef({4, 10, 1}));
+  auto x_per_set = at::randn({4, 10, 3});
+  auto y = tdn::functional_vmap(nets[0], params, {}, tdn::kwargs(tdn::kw<"input">(x_per_set)),
+                                tdn::in_dims(tdn::in_dim_of<"input">(0)));
+  CHECK(y.sizes() == c10::IntArrayRef({4, 10, 1}));
+  for (int i = 0; i < 4; ++i) CHECK(y[i].allclose(nets[i]->forward(x_per_set[i])));
+}
+
+TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[functional_vmap]") {
+  using torch::nn::Linear;
+  auto linears = copies<Linear>(3, [] { return Linear(5, 4); });
+  check_three_paths(linears, at::randn({6, 5}), false);
+  check_three_paths(linears, at::randn({3, 2, 6, 5}), true);
+  auto no_bias = copies<Linear>(2, [] { return Linear(torch::nn::LinearOptions(5, 4).bias(false)); });
+  check_three_paths(no_bias, at::randn({6, 5}), false);
+
+  auto convs = copies<torch::nn::Conv2d>(3, [] { return torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3).padding(1).groups(2)); });
+  check_three_paths(convs, at::randn({2, 2, 7, 7}), false);
+  check_three_paths(convs, at::randn({3, 2, 2, 7, 7}), true);
+
+  auto norms = copies<torch::nn::LayerNorm>(3, [] {
+    torch::nn::LayerNorm n(torch::nn::LayerNormOptions({4}));
+    n->weight.data().normal_();
+    n->bias.data().normal_();
+    return n;
+  });
+  check_three_paths(norms, at::randn({5, 4}), false);
+  check_three_paths(norms, at::randn({3, 5, 4}), true);
+
+  auto embeddings = copies<torch::nn::Embedding>(3, [] { return torch::nn::Embedding(10, 4); });
+  check_three_paths(embeddings, at::randint(0, 10, {2, 5}), false);
+  check_three_paths(embeddings, at::randint(0, 10, {3, 2, 5}), true);
+
+  auto bns = copies<torch::nn::BatchNorm1d>(3, [] {
+    torch::nn::BatchNorm1d bn(4);
+    bn->running_mean.normal_();
+    bn->running_var.uniform_(0.5, 2);
+    bn->weight.data().normal_();
+    bn->eval();
+    return bn;
+  });
+  check_three_paths(bns, at::randn({6, 4}), false);
+
+  using mlp = tdn::Sequential<Linear, torch::nn::ReLU, Linear, torch::nn::Tanh, Linear>;
+  STATIC_REQUIRE(tdn::fully_lowered<mlp::Impl>());
+  auto mlps = copies<mlp>(4, [] { return mlp(Linear(3, 8), torch::nn::ReLU(), Linear(8, 8), torch::nn::Tanh(), Linear(8, 2)); });
+  check_three_paths(mlps, at::randn({7, 3}), false);
+  check_three_paths(mlps, at::randn({4, 7, 3}), true);
+
+  // A user module has no batched form: it goes through vmap with its tensors swapped.
+  STATIC_REQUIRE(!tdn::fully_lowered<EncoderImpl>());
+  auto encoders = copies<Encoder>(3, [] { return Encoder(); });
+  check_three_paths(encoders, at::randn({4, 3}), false);
+}
+
+TEST_CASE("several batch dims are flattened and restored", "[functional_vmap]") {
+  auto nets = copies<torch::nn::Linear>(6, [] { return torch::nn::Linear(3, 2); });
+  auto flat = from_modules(nets);
+  auto grid = flat.apply([](const at::Tensor& t) {
+    std::vector<std::int64_t> shape{2, 3};
+    shape.insert(shape.end(), t.sizes().begin() + 1, t.sizes().end());
+    return t.reshape(shape);
+  }, {2, 3});
+  auto x = at::randn({5, 3});
+  auto y = tdn::functional_vmap(nets[0], grid, tdn::args(x));
+  CHECK(y.sizes() == c10::IntArrayRef({2, 3, 5, 2}));
+  CHECK(y[1][2].allclose(nets[5]->forward(x)));
+
+  auto per_set = at::randn({5, 2, 3, 3});  // the sets at dims 1 and 2
+  auto z = tdn::functional_vmap(nets[0], grid, {}, tdn::kwargs(tdn::kw<"input">(per_set)),
+                                tdn::in_dims(tdn::in_dim_of<"input">(1)));
+  CHECK(z.sizes() == c10::IntArrayRef({2, 3, 5, 2}));
+  CHECK(z[1][0].allclose(nets[3]->forward(per_set.select(1, 1).select(1, 0))));
+}
+
+TEST_CASE("an empty batch size calls the module once", "[functional_vmap]") {
+  torch::nn::Linear net(3, 2);
+  auto params = from_module(net);
+  auto x = at::randn({4, 3});
+  CHECK(tdn::functional_vmap(net, params, tdn::args(x)).allclose(net->forward(x)));
+  CHECK_THROWS_AS(tdn::functional_vmap(net, params, {}, tdn::kwargs(tdn::kw<"input">(x)), tdn::in_dims(tdn::in_dim_of<"input">(0))),
+                  value_error);
+}
+
+TEST_CASE("functional_vmap's documented errors", "[functional_vmap]") {
+  auto nets = copies<torch::nn::Linear>(4, [] { return torch::nn::Linear(3, 1); });
+  auto params = from_modules(nets);
+  auto wrong = at::randn({3, 10, 3});
+  CHECK_THROWS_WITH(tdn::functional_vmap(nets[0], params, {}, tdn::kwargs(tdn::kw<"input">(wrong)),
+                                         tdn::in_dims(tdn::in_dim_of<"input">(0))),
+                    Contains("f32[3,10,3]") && Contains("[4]") && Contains("dim 0"));
+  CHECK_THROWS_AS(tdn::functional_vmap(nets[0], params, tdn::args(at::randn({2, 3})), {}, {},
+                                       {.randomness = randomness::same, .loop = true}),
+                  value_error);
+}
+
+TEST_CASE("dropout follows the randomness mode", "[functional_vmap]") {
+  using net_t = tdn::Sequential<torch::nn::Linear, torch::nn::Dropout>;
+  auto nets = copies<net_t>(3, [] { return net_t(torch::nn::Linear(4, 50), torch::nn::Dropout(0.5)); });
+  auto params = from_modules(nets);
+  auto x = at::randn({2, 4});
+  CHECK_THROWS_WITH(tdn::functional_vmap(nets[0], params, tdn::args(x)),
+                    Contains("randomness") && Contains("different") && Contains("eval()"));
+  auto ones = params.apply([](const at::Tensor& t) { return at::ones_like(t); });
+  auto different = tdn::functional_vmap(nets[0], ones, tdn::args(x), {}, {}, {.randomness = randomness::different});
+  CHECK(!(different[0] == 0).equal(different[1] == 0));
+  auto same = tdn::functional_vmap(nets[0], ones, tdn::args(x), {}, {}, {.randomness = randomness::same});
+  CHECK((same[0] == 0).equal(same[2] == 0));
+  auto looped = tdn::functional_vmap(nets[0], ones, tdn::args(x), {}, {}, {.loop = true});  // loop draws per set
+  CHECK(!(looped[0] == 0).equal(looped[1] == 0));
+  nets[0]->eval();
+  auto evaluated = tdn::functional_vmap(nets[0], ones, tdn::args(x));
+  CHECK(evaluated[0].allclose(evaluated[1]));
+}
+
+TEST_CASE("method calls another member function", "[functional_vmap]") {
+  auto encoders = copies<Encoder>(3, [] { return Encoder(); });
+  auto params = from_modules(encoders);
+  auto x = at::randn({4, 3});
+  auto y = tdn::functional_vmap<&EncoderImpl::encode>(encoders[0], params, tdn::args(x));
+  for (int i = 0; i < 3; ++i) CHECK(y[i].allclose(encoders[i]->encode(x)));
+  auto looped = tdn::functional_vmap<&EncoderImpl::encode>(encoders[0], params, tdn::args(x), {}, {}, {.loop = true});
+  CHECK(looped.allclose(y));
+}
+
+TEST_CASE("chunk_size computes the same sets in pieces", "[functional_vmap]") {
+  using mlp = tdn::Sequential<torch::nn::Linear, torch::nn::ReLU, torch::nn::Linear>;
+  auto nets = copies<mlp>(5, [] { return mlp(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2)); });
+  auto params = from_modules(nets);
+  auto x = at::randn({6, 3});
+  auto whole = tdn::functional_vmap(nets[0], params, tdn::args(x));
+  for (std::int64_t chunk : {1, 2, 5, 9})
+    CHECK(tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.chunk_size = chunk}).allclose(whole));
+  auto encoders = copies<Encoder>(5, [] { return Encoder(); });
+  auto eparams = from_modules(encoders);
+  CHECK(tdn::functional_vmap(encoders[0], eparams, tdn::args(x), {}, {}, {.chunk_size = 2})
+            .allclose(tdn::functional_vmap(encoders[0], eparams, tdn::args(x))));
+}
