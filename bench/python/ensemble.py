@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""The configs of bench/ensemble in Python: functorch.vmap over functional_call.
+
+Run with Debian's python3-torch (1.13): python3 bench/python/ensemble.py
+Prints microseconds per call for a forward and a training step (forward,
+backward, SGD on the stacked parameters), one thread.
+"""
+import copy
+import os
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from functorch import vmap  # noqa: E402
+from torch.func import functional_call  # noqa: E402
+
+torch.set_num_threads(1)
+
+CONFIGS = [
+    ("a:16x(8-32-32-4)/32", 16, 8, 32, 4, 32),
+    ("b:8x(64-256-256-16)/256", 8, 64, 256, 16, 256),
+    ("c:128x(16-64-64-4)/64", 128, 16, 64, 4, 64),
+]
+
+
+def per_call(fn, budget=0.5):
+    for _ in range(3):
+        fn()
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < budget or calls < 5:
+        fn()
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
+def main():
+    print(f"torch {torch.__version__}, 1 thread")
+    for name, members, n_in, hidden, n_out, batch in CONFIGS:
+        nets = [torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                                    torch.nn.ReLU(), torch.nn.Linear(hidden, n_out)) for _ in range(members)]
+        params = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets]).requires_grad_()
+                  for k, _ in nets[0].named_parameters()}
+        base = copy.deepcopy(nets[0]).to("meta")
+        x = torch.randn(batch, n_in)
+        target = torch.randn(members, batch, n_out)
+
+        def call(p, inp):
+            return functional_call(base, p, (inp,))
+
+        ensemble = vmap(call, in_dims=(0, None))
+
+        def forward():
+            with torch.no_grad():
+                ensemble(params, x)
+
+        def train():
+            loss = (ensemble(params, x) - target).pow(2).mean()
+            loss.backward()
+            with torch.no_grad():
+                for p in params.values():
+                    p.sub_(p.grad, alpha=1e-3)
+                    p.grad.zero_()
+
+        print(f"python {name} fwd {per_call(forward) * 1e6:.1f} us")
+        print(f"python {name} train {per_call(train) * 1e6:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
