@@ -87,7 +87,7 @@ TEST_CASE("the reference's functional_vmap examples", "[functional_vmap]") {
   auto y = tdn::functional_vmap(nets[0], params, {}, tdn::kwargs(tdn::kw<"input">(x_per_set)),
                                 tdn::in_dims(tdn::in_dim_of<"input">(0)));
   CHECK(y.sizes() == c10::IntArrayRef({4, 10, 1}));
-  for (int i = 0; i < 4; ++i) CHECK(y[i].allclose(nets[i]->forward(x_per_set[i])));
+  for (int i = 0; i < 4; ++i) CHECK(y[i].allclose(nets[i]->forward(x_per_set[i]), 1e-4, 1e-6));
 }
 
 TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[functional_vmap]") {
@@ -148,20 +148,20 @@ TEST_CASE("several batch dims are flattened and restored", "[functional_vmap]") 
   auto x = at::randn({5, 3});
   auto y = tdn::functional_vmap(nets[0], grid, tdn::args(x));
   CHECK(y.sizes() == c10::IntArrayRef({2, 3, 5, 2}));
-  CHECK(y[1][2].allclose(nets[5]->forward(x)));
+  CHECK(y[1][2].allclose(nets[5]->forward(x), 1e-4, 1e-6));
 
   auto per_set = at::randn({5, 2, 3, 3});  // the sets at dims 1 and 2
   auto z = tdn::functional_vmap(nets[0], grid, {}, tdn::kwargs(tdn::kw<"input">(per_set)),
                                 tdn::in_dims(tdn::in_dim_of<"input">(1)));
   CHECK(z.sizes() == c10::IntArrayRef({2, 3, 5, 2}));
-  CHECK(z[1][0].allclose(nets[3]->forward(per_set.select(1, 1).select(1, 0))));
+  CHECK(z[1][0].allclose(nets[3]->forward(per_set.select(1, 1).select(1, 0)), 1e-4, 1e-6));
 }
 
 TEST_CASE("an empty batch size calls the module once", "[functional_vmap]") {
   torch::nn::Linear net(3, 2);
   auto params = from_module(net);
   auto x = at::randn({4, 3});
-  CHECK(tdn::functional_vmap(net, params, tdn::args(x)).allclose(net->forward(x)));
+  CHECK(tdn::functional_vmap(net, params, tdn::args(x)).allclose(net->forward(x), 1e-4, 1e-6));
   CHECK_THROWS_AS(tdn::functional_vmap(net, params, {}, tdn::kwargs(tdn::kw<"input">(x)), tdn::in_dims(tdn::in_dim_of<"input">(0))),
                   value_error);
 }
@@ -194,7 +194,7 @@ TEST_CASE("dropout follows the randomness mode", "[functional_vmap]") {
   CHECK(!(looped[0] == 0).equal(looped[1] == 0));
   nets[0]->eval();
   auto evaluated = tdn::functional_vmap(nets[0], ones, tdn::args(x));
-  CHECK(evaluated[0].allclose(evaluated[1]));
+  CHECK(evaluated[0].allclose(evaluated[1], 1e-4, 1e-6));
 }
 
 TEST_CASE("method calls another member function", "[functional_vmap]") {
@@ -202,9 +202,9 @@ TEST_CASE("method calls another member function", "[functional_vmap]") {
   auto params = from_modules(encoders);
   auto x = at::randn({4, 3});
   auto y = tdn::functional_vmap<&EncoderImpl::encode>(encoders[0], params, tdn::args(x));
-  for (int i = 0; i < 3; ++i) CHECK(y[i].allclose(encoders[i]->encode(x)));
+  for (int i = 0; i < 3; ++i) CHECK(y[i].allclose(encoders[i]->encode(x), 1e-4, 1e-6));
   auto looped = tdn::functional_vmap<&EncoderImpl::encode>(encoders[0], params, tdn::args(x), {}, {}, {.loop = true});
-  CHECK(looped.allclose(y));
+  CHECK(looped.allclose(y, 1e-4, 1e-6));
 }
 
 TEST_CASE("chunk_size computes the same sets in pieces", "[functional_vmap]") {
@@ -214,9 +214,9 @@ TEST_CASE("chunk_size computes the same sets in pieces", "[functional_vmap]") {
   auto x = at::randn({6, 3});
   auto whole = tdn::functional_vmap(nets[0], params, tdn::args(x));
   for (std::int64_t chunk : {1, 2, 5, 9})
-    CHECK(tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.chunk_size = chunk}).allclose(whole));
+    CHECK(tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.chunk_size = chunk}).allclose(whole, 1e-4, 1e-6));
   auto encoders = copies<Encoder>(5, [] { return Encoder(); });
   auto eparams = from_modules(encoders);
   CHECK(tdn::functional_vmap(encoders[0], eparams, tdn::args(x), {}, {}, {.chunk_size = 2})
-            .allclose(tdn::functional_vmap(encoders[0], eparams, tdn::args(x))));
+            .allclose(tdn::functional_vmap(encoders[0], eparams, tdn::args(x)), 1e-4, 1e-6));
 }

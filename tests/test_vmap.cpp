@@ -32,7 +32,7 @@ TEST_CASE("vmap equals a loop", "[vmap]") {
   auto w = at::randn({4, 3, 5}), b = at::randn({4, 3}), x = at::randn({2, 5});
   auto linear = vmap([](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return at::linear(x, w, b); },
                      {std::nullopt, 0, 0});
-  CHECK(linear(x, w, b).allclose(loop({}, 4, [&](std::int64_t i) { return at::linear(x, w[i], b[i]); })));
+  CHECK(linear(x, w, b).allclose(loop({}, 4, [&](std::int64_t i) { return at::linear(x, w[i], b[i]); }), 1e-4, 1e-6));
 
   auto kernels = at::randn({3, 2, 1, 3, 3}), images = at::randn({3, 4, 1, 8, 8});
   auto conv = vmap([](const at::Tensor& img, const at::Tensor& k) { return at::conv2d(img, k); });
@@ -47,7 +47,7 @@ TEST_CASE("vmap equals a loop", "[vmap]") {
   auto grid = at::randn({3, 4});
   auto inner = vmap([](const at::Tensor& v) { return v * 2 + 1; });
   auto outer = vmap([&](const at::Tensor& row) { return inner(row); });
-  CHECK(outer(grid).allclose(grid * 2 + 1));
+  CHECK(outer(grid).allclose(grid * 2 + 1, 1e-4, 1e-6));
   CHECK(no_vmap_layer_left());
 }
 
@@ -58,7 +58,7 @@ TEST_CASE("gradients reach the stacked weights", "[vmap]") {
   y.pow(2).sum().backward();
   auto w2 = w.detach().clone().requires_grad_();
   loop({}, 4, [&](std::int64_t i) { return at::linear(x, w2[i]); }).pow(2).sum().backward();
-  CHECK(w.grad().allclose(w2.grad()));
+  CHECK(w.grad().allclose(w2.grad(), 1e-4, 1e-6));
 }
 
 TEST_CASE("a mapped TensorDict loses its batch dim inside and gets it back outside", "[vmap]") {
@@ -76,7 +76,7 @@ TEST_CASE("a mapped TensorDict loses its batch dim inside and gets it back outsi
 
   auto over_second = vmap([](const TensorDict<S>& t) { return t.get<"a">().sum(); }, {1})(td);
   CHECK(over_second.sizes() == c10::IntArrayRef({2}));
-  CHECK(over_second.allclose(td.get<"a">().sum(at::IntArrayRef({0, 2}))));
+  CHECK(over_second.allclose(td.get<"a">().sum(at::IntArrayRef({0, 2})), 1e-4, 1e-6));
 }
 
 TEST_CASE("the tutorial's vmap(call) with to_module inside", "[vmap]") {
@@ -93,18 +93,18 @@ TEST_CASE("the tutorial's vmap(call) with to_module inside", "[vmap]") {
   auto y = vmap(call)(x, stack3);
   CHECK(y.sizes() == c10::IntArrayRef({3, 5, 1}));
   CHECK((y[0] == 0).all().item<bool>());
-  CHECK(y[2].allclose(module->forward(x[2])));
+  CHECK(y[2].allclose(module->forward(x[2]), 1e-4, 1e-6));
   CHECK(tensor_impl(module->child<0>()->weight) == tensor_impl(params.get<"0", "weight">()));
 }
 
 TEST_CASE("tuple and vector outputs", "[vmap]") {
   auto x = at::randn({3, 4});
   auto both = vmap([](const at::Tensor& v) { return std::make_tuple(v.sum(), v * 2); })(x);
-  CHECK(std::get<0>(both).allclose(x.sum(1)));
-  CHECK(std::get<1>(both).allclose(x * 2));
+  CHECK(std::get<0>(both).allclose(x.sum(1), 1e-4, 1e-6));
+  CHECK(std::get<1>(both).allclose(x * 2, 1e-4, 1e-6));
   auto many = vmap([](const at::Tensor& v) { return std::vector<at::Tensor>{v.max(), v.min()}; })(x);
   REQUIRE(many.size() == 2);
-  CHECK(many[1].allclose(std::get<0>(x.min(1))));
+  CHECK(many[1].allclose(std::get<0>(x.min(1)), 1e-4, 1e-6));
   // An output that does not depend on the mapped input is expanded.
   auto constant = vmap([](const at::Tensor&) { return at::ones({2}); })(x);
   CHECK(constant.sizes() == c10::IntArrayRef({3, 2}));
@@ -128,20 +128,20 @@ TEST_CASE("chunk_size gives the same result", "[vmap]") {
   auto f = [](const at::Tensor& x, const at::Tensor& w) { return at::linear(x, w); };
   auto whole = vmap(f, {std::nullopt, 0})(x, w);
   for (std::int64_t chunk : {1, 2, 3, 7, 10})
-    CHECK(vmap(f, {std::nullopt, 0}, {.chunk_size = chunk})(x, w).allclose(whole));
+    CHECK(vmap(f, {std::nullopt, 0}, {.chunk_size = chunk})(x, w).allclose(whole, 1e-4, 1e-6));
   using S = schema<leaf<"w">>;
   TensorDict<S> td({w}, {7});
   auto td_out = vmap([](const TensorDict<S>& t) { return t.apply([](const at::Tensor& l) { return l + 1; }); }, {0},
                      {.chunk_size = 3})(td);
   CHECK(td_out.batch_size() == c10::IntArrayRef({7}));
-  CHECK(td_out.get<"w">().allclose(w + 1));
+  CHECK(td_out.get<"w">().allclose(w + 1, 1e-4, 1e-6));
 }
 
 TEST_CASE("a throw inside vmap pops the layer", "[vmap]") {
   auto x = at::randn({3, 2});
   CHECK_THROWS_WITH(vmap([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("inside"); })(x), "inside");
   CHECK(no_vmap_layer_left());
-  CHECK(vmap([](const at::Tensor& v) { return v + 1; })(x).allclose(x + 1));
+  CHECK(vmap([](const at::Tensor& v) { return v + 1; })(x).allclose(x + 1, 1e-4, 1e-6));
 }
 
 TEST_CASE("vmap errors name the arguments and sizes", "[vmap]") {

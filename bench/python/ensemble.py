@@ -14,7 +14,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 from functorch import vmap  # noqa: E402
-from torch.func import functional_call  # noqa: E402
+try:
+    from torch.func import functional_call  # noqa: E402  (torch >= 2.0)
+except ImportError:
+    from torch.nn.utils.stateless import functional_call  # noqa: E402  (torch 1.13)
 
 torch.set_num_threads(1)
 
@@ -42,7 +45,7 @@ def main():
                                     torch.nn.ReLU(), torch.nn.Linear(hidden, n_out)) for _ in range(members)]
         params = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets]).requires_grad_()
                   for k, _ in nets[0].named_parameters()}
-        base = copy.deepcopy(nets[0]).to("meta")
+        base = copy.deepcopy(nets[0])
         x = torch.randn(batch, n_in)
         target = torch.randn(members, batch, n_out)
 
