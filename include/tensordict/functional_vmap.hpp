@@ -511,17 +511,8 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
 
   const std::int64_t chunk = options.chunk_size.value_or(sets);
   if (chunk <= 0) throw value_error("functional_vmap: chunk_size must be positive, got " + std::to_string(chunk));
-  using Out = decltype(run(0, sets));
   if (chunk >= sets) return detail::unflatten_sets(run(0, sets), batch);
-  std::vector<Out> parts;
-  std::optional<at::Tensor> rng_state;
-  auto generator = at::detail::getDefaultCPUGenerator();
-  if (options.randomness == tensordict::randomness::same) rng_state = generator.get_state();
-  for (std::int64_t start = 0; start < sets; start += chunk) {
-    if (rng_state) generator.set_state(*rng_state);
-    parts.push_back(run(start, std::min(chunk, sets - start)));
-  }
-  return detail::unflatten_sets(::tensordict::detail::concatenate(parts), batch);
+  return detail::unflatten_sets(::tensordict::detail::run_chunks(sets, chunk, options.randomness, run), batch);
 }
 
 }  // namespace nn

@@ -191,6 +191,22 @@ Out concatenate(const std::vector<Out>& chunks) {
   }
 }
 
+// Calls f(start, length) for each chunk of `total` sets and joins the
+// outputs; with "same" randomness every chunk replays one generator state.
+template <class F>
+auto run_chunks(std::int64_t total, std::int64_t chunk, randomness r, F&& f) {
+  using Out = decltype(f(std::int64_t{0}, total));
+  std::vector<Out> parts;
+  std::optional<at::Tensor> rng_state;
+  auto generator = at::detail::getDefaultCPUGenerator();
+  if (r == randomness::same) rng_state = generator.get_state();
+  for (std::int64_t start = 0; start < total; start += chunk) {
+    if (rng_state) generator.set_state(*rng_state);
+    parts.push_back(f(start, std::min(chunk, total - start)));
+  }
+  return concatenate(parts);
+}
+
 }  // namespace detail
 
 // A function mapped over its inputs; made by tensordict::vmap.
@@ -232,21 +248,12 @@ class vmapped {
     if (chunk <= 0) throw error("vmap: chunk_size must be positive, got " + std::to_string(chunk));
     if (chunk >= batch_size) return call_once(batch_size, dims, args...);
 
-    // One vmap per chunk; "same" randomness replays one generator state for every chunk.
-    using Out = decltype(call_once(batch_size, dims, args...));
-    std::vector<Out> chunks;
-    std::optional<at::Tensor> rng_state;
-    auto generator = at::detail::getDefaultCPUGenerator();
-    if (options_.randomness == randomness::same) rng_state = generator.get_state();
-    for (std::int64_t start = 0; start < batch_size; start += chunk) {
-      const std::int64_t length = std::min(chunk, batch_size - start);
-      if (rng_state) generator.set_state(*rng_state);
+    return detail::run_chunks(batch_size, chunk, options_.randomness, [&](std::int64_t start, std::int64_t length) {
       auto narrowed = [&]<std::size_t... I>(std::index_sequence<I...>) {
         return std::make_tuple(detail::narrow_arg(args, dims[I], start, length)...);
       }(std::index_sequence_for<Args...>{});
-      chunks.push_back(std::apply([&](const auto&... parts) { return call_once(length, dims, parts...); }, narrowed));
-    }
-    return detail::concatenate(chunks);
+      return std::apply([&](const auto&... parts) { return call_once(length, dims, parts...); }, narrowed);
+    });
   }
 
  private:
