@@ -1,0 +1,281 @@
+// TensorDictParams: a TensorDict that is also a torch::nn::Module, so that
+// parameters(), named_parameters(), to() and an optimizer see its leaves.
+//
+//   auto params = tensordict::nn::TensorDictParams<S>(tensordict::from_module(net));
+//   struct Holder : torch::nn::Module { ... register_module("params", params); };
+//   // named_parameters(): "params.0.weight", "params.0.bias", ...
+//
+// Each nested key becomes a child module, so the reference's dotted names come
+// out of libtorch's own naming (which refuses dots inside one name). The
+// wrapped TensorDict is not copied: a write through either side shows in the
+// other, and the registry follows writes made through the TensorDictParams.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/ordered_dict.h>
+
+#include "detail/module_access.hpp"
+#include "errors.hpp"
+#include "functional.hpp"
+#include "typed_tensordict.hpp"
+
+namespace tensordict::nn {
+
+// How a leaf is registered: by the dtype rule, or as it already was.
+enum class leaf_kind : std::uint8_t { automatic, parameter, buffer };
+
+struct params_options {
+  bool no_convert = false;  // every leaf a buffer (unless its kind says parameter)
+  bool lock = false;        // lock the wrapped TensorDict; writes through the TensorDictParams still work
+};
+
+template <schema_type S>
+class TensorDictParamsImpl : public torch::nn::Module {
+ public:
+  using schema_t = S;
+  static constexpr std::size_t leaf_count = S::leaf_count;
+  using kinds_t = std::array<leaf_kind, leaf_count>;
+  // Called as hook(params, value) after each read of a leaf; a defined result replaces the value read.
+  using get_hook = std::function<at::Tensor(const TensorDictParamsImpl&, const at::Tensor&)>;
+
+  explicit TensorDictParamsImpl(TensorDict<S> td, params_options options = {}, kinds_t kinds = {})
+      : td_(std::move(td)), options_(options), kinds_(kinds) {
+    for (std::size_t i = 0; i < leaf_count; ++i)
+      if (td_.leaf(i).defined()) register_leaf(i, td_.leaf(i));
+    if (options_.lock) td_.lock_();
+  }
+
+  // The wrapped TensorDict itself (same storage).
+  const TensorDict<S>& tensordict() const { return td_; }
+
+  template <key... Path>
+  decltype(auto) get() const {
+    decltype(auto) value = td_.template get<Path...>();
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(value)>, at::Tensor>)
+      return read(value);
+    else
+      return value;
+  }
+
+  // Replaces a leaf in the wrapped TensorDict and in the registry; a new
+  // tensor follows the dtype rule (float: parameter, other: buffer).
+  template <key... Path>
+  TensorDictParamsImpl& set(at::Tensor value) {
+    constexpr std::size_t i = leaf_index_v<S, Path...>;
+    const bool relock = td_.is_locked();
+    if (relock) td_.unlock_();
+    try {
+      td_.template set<Path...>(value);
+    } catch (...) {
+      if (relock) td_.lock_();
+      throw;
+    }
+    if (relock) td_.lock_();
+    kinds_[i] = leaf_kind::automatic;
+    register_leaf(i, td_.leaf(i));
+    return *this;
+  }
+
+  const at::Tensor& leaf(std::size_t i) const { return td_.leaf(i); }
+
+  std::vector<at::Tensor> values() const {
+    std::vector<at::Tensor> out;
+    for (const auto& t : td_.values()) out.push_back(read(t));
+    return out;
+  }
+  std::vector<std::pair<key_path, at::Tensor>> items() const {
+    auto out = td_.items();
+    for (auto& item : out) item.second = read(item.second);
+    return out;
+  }
+
+  void register_get_post_hook(get_hook hook) { hooks_.push_back(std::move(hook)); }
+
+  bool is_parameter(std::size_t i) const { return kind_of(i) == leaf_kind::parameter; }
+
+  // Flat state-dict names ("0.weight") to tensors, in schema order.
+  torch::OrderedDict<std::string, at::Tensor> state_dict() const {
+    torch::OrderedDict<std::string, at::Tensor> out;
+    for (std::size_t i = 0; i < leaf_count; ++i)
+      if (td_.leaf(i).defined()) out.insert(leaf_path<S>(i).join("."), td_.leaf(i));
+    return out;
+  }
+
+  // Copies values in; the leaves keep their identity. strict: every leaf must
+  // be given and nothing else (key_error naming the missing and unexpected
+  // keys). Shapes are checked before anything is written.
+  void load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& dict, bool strict = true) {
+    std::string missing, unexpected;
+    std::vector<std::pair<std::size_t, at::Tensor>> loads;
+    std::unordered_map<std::string, std::size_t> index;
+    for (std::size_t i = 0; i < leaf_count; ++i) {
+      if (!td_.leaf(i).defined()) continue;
+      std::string name = leaf_path<S>(i).join(".");
+      if (const at::Tensor* v = dict.find(name)) {
+        if (v->sizes() != td_.leaf(i).sizes())
+          throw shape_error("TensorDictParams.load_state_dict: \"" + name + "\" is " + describe(*v) + " but the leaf is " +
+                            describe(td_.leaf(i)));
+        loads.emplace_back(i, *v);
+      } else {
+        missing += (missing.empty() ? "\"" : ", \"") + name + "\"";
+      }
+      index.emplace(std::move(name), i);
+    }
+    for (const auto& item : dict)
+      if (!index.count(item.key())) unexpected += (unexpected.empty() ? "\"" : ", \"") + item.key() + "\"";
+    if (strict && (!missing.empty() || !unexpected.empty()))
+      throw key_error("TensorDictParams.load_state_dict(strict): missing keys [" + missing + "], unexpected keys [" +
+                      unexpected + "]");
+    at::NoGradGuard no_grad;
+    for (auto& [i, value] : loads) td_.leaf(i).copy_(value);
+  }
+
+  // New tensors of the same kinds; a tensor reached at two paths stays shared.
+  std::shared_ptr<TensorDictParamsImpl> clone_params() const {
+    std::unordered_map<const c10::TensorImpl*, at::Tensor> copies;
+    std::array<at::Tensor, leaf_count> leaves;
+    kinds_t kinds{};
+    for (std::size_t i = 0; i < leaf_count; ++i) {
+      const at::Tensor& t = td_.leaf(i);
+      kinds[i] = kind_of(i);
+      if (!t.defined()) continue;
+      auto [it, fresh] = copies.try_emplace(t.unsafeGetTensorImpl());
+      if (fresh) it->second = t.detach().clone().requires_grad_(t.requires_grad());
+      leaves[i] = it->second;
+    }
+    return std::make_shared<TensorDictParamsImpl>(TensorDict<S>(std::move(leaves), td_.batch_size(), td_.device()),
+                                                  params_options{options_.no_convert, false}, kinds);
+  }
+
+  void pretty_print(std::ostream& stream) const override { stream << "TensorDictParams(params=" << td_.repr() << ")"; }
+
+ private:
+  at::Tensor read(const at::Tensor& value) const {
+    at::Tensor out = value;
+    for (const auto& hook : hooks_)
+      if (at::Tensor r = hook(*this, out); r.defined()) out = r;
+    return out;
+  }
+
+  leaf_kind kind_of(std::size_t i) const {
+    if (kinds_[i] != leaf_kind::automatic) return kinds_[i];
+    if (options_.no_convert) return leaf_kind::buffer;
+    const at::Tensor& t = td_.leaf(i);
+    const auto dtype = t.defined() ? t.scalar_type() : at::kFloat;
+    return dtype == at::kHalf || dtype == at::kFloat || dtype == at::kDouble ? leaf_kind::parameter : leaf_kind::buffer;
+  }
+
+  // The module of leaf i's parent node, created on first use ("0" under the root, ...).
+  torch::nn::Module& owner_of(std::size_t i) {
+    const auto& entry = leaf_paths_v<S>[i];
+    torch::nn::Module* m = this;
+    for (std::size_t d = 0; d + 1 < entry.depth; ++d) {
+      const std::string name(entry.parts[d]);
+      auto children = m->named_children();
+      if (auto* child = children.find(name))
+        m = child->get();
+      else
+        m = m->register_module(name, std::make_shared<torch::nn::Module>()).get();
+    }
+    return *m;
+  }
+
+  void register_leaf(std::size_t i, const at::Tensor& t) {
+    torch::nn::Module& owner = owner_of(i);
+    const std::string name(leaf_paths_v<S>[i].parts[leaf_paths_v<S>[i].depth - 1]);
+    auto& params = ::tensordict::detail::module_parameters(owner);
+    auto& buffers = ::tensordict::detail::module_buffers(owner);
+    const bool parameter = kind_of(i) == leaf_kind::parameter;
+    if (parameter && t.is_floating_point() && t.is_leaf() && !t.requires_grad()) t.set_requires_grad(true);
+    // A replaced leaf takes its old name's place; a kind change moves it between the registries.
+    if (at::Tensor* p = params.find(name)) {
+      if (parameter) {
+        *p = t;
+        return;
+      }
+      params.erase(name);
+    }
+    if (at::Tensor* b = buffers.find(name)) {
+      if (!parameter) {
+        *b = t;
+        return;
+      }
+      buffers.erase(name);
+    }
+    if (parameter)
+      owner.register_parameter(name, t, /*requires_grad=*/t.requires_grad());
+    else
+      owner.register_buffer(name, t);
+  }
+
+  TensorDict<S> td_;
+  params_options options_;
+  kinds_t kinds_;
+  std::vector<get_hook> hooks_;
+};
+
+template <schema_type S>
+class TensorDictParams : public torch::nn::ModuleHolder<TensorDictParamsImpl<S>> {
+ public:
+  using torch::nn::ModuleHolder<TensorDictParamsImpl<S>>::ModuleHolder;
+  using Impl = TensorDictParamsImpl<S>;
+};
+
+template <schema_type S>
+TensorDictParams<S> make_params(TensorDict<S> td, params_options options = {}) {
+  return TensorDictParams<S>(std::make_shared<TensorDictParamsImpl<S>>(std::move(td), options));
+}
+
+// The tag of the from_module / from_modules overloads that return a TensorDictParams.
+inline constexpr struct as_module_t {
+} as_module{};
+
+namespace detail {
+// Parameter or buffer, as the module registered each leaf.
+template <class Impl>
+typename TensorDictParamsImpl<schema_of<Impl>>::kinds_t kinds_of(Impl& m) {
+  typename TensorDictParamsImpl<schema_of<Impl>>::kinds_t kinds{};
+  auto slots = ::tensordict::detail::slots_of<Impl>(m);
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    kinds[i] = ::tensordict::detail::module_parameters(*slots[i].owner).find(std::string(slots[i].name))
+                   ? leaf_kind::parameter
+                   : leaf_kind::buffer;
+  return kinds;
+}
+}  // namespace detail
+
+}  // namespace tensordict::nn
+
+namespace tensordict {
+
+// from_module(m, nn::as_module): the module's own tensors in a TensorDictParams,
+// each registered as the module registered it.
+template <class Module>
+nn::TensorDictParams<nn::schema_of<nn::impl_of_t<Module>>> from_module(Module&& module, nn::as_module_t) {
+  using S = nn::schema_of<nn::impl_of_t<Module>>;
+  auto& impl = detail::impl_ref(module);
+  return nn::TensorDictParams<S>(
+      std::make_shared<nn::TensorDictParamsImpl<S>>(from_module(impl), nn::params_options{}, nn::detail::kinds_of(impl)));
+}
+
+// from_modules(ms, nn::as_module): the stacked parameters in a TensorDictParams, for an optimizer.
+template <class Module>
+nn::TensorDictParams<nn::schema_of<nn::impl_of_t<Module>>> from_modules(const std::vector<Module>& modules, nn::as_module_t) {
+  using S = nn::schema_of<nn::impl_of_t<Module>>;
+  auto kinds = nn::detail::kinds_of(detail::impl_ref(modules.at(0)));
+  return nn::TensorDictParams<S>(std::make_shared<nn::TensorDictParamsImpl<S>>(from_modules(modules), nn::params_options{}, kinds));
+}
+
+}  // namespace tensordict

@@ -1,0 +1,164 @@
+#include "catch_torch.hpp"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <torch/optim/sgd.h>
+
+#include <tensordict/functional_vmap.hpp>
+#include <tensordict/params.hpp>
+
+using namespace tensordict;
+namespace tdn = tensordict::nn;
+using Catch::Matchers::Contains;
+
+namespace {
+using mlp_t = tdn::Sequential<torch::nn::Linear, torch::nn::Linear>;
+using mlp_schema = tdn::schema_of<mlp_t::Impl>;
+
+mlp_t make_mlp() { return mlp_t(torch::nn::Linear(3, 4), torch::nn::Linear(4, 4)); }
+
+template <class S>
+struct Holder : torch::nn::Module {
+  tdn::TensorDictParams<S> params;
+  explicit Holder(tdn::TensorDictParams<S> p) : params(register_module("params", p)) {}
+};
+
+std::vector<std::string> names_of(const torch::OrderedDict<std::string, at::Tensor>& dict) {
+  std::vector<std::string> out;
+  for (const auto& item : dict) out.push_back(item.key());
+  return out;
+}
+const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+}  // namespace
+
+TEST_CASE("named_parameters give the reference's dotted names", "[params]") {
+  auto net = make_mlp();
+  auto params = from_module(net);
+  params.lock_();
+  auto p = tdn::make_params(params);
+  Holder<mlp_schema> m(p);
+  CHECK(names_of(m.named_parameters()) ==
+        std::vector<std::string>{"params.0.weight", "params.0.bias", "params.1.weight", "params.1.bias"});
+  CHECK(m.parameters().size() == 4);
+  CHECK(impl(m.named_parameters()["params.1.bias"]) == impl(net->child<1>()->bias));
+  std::ostringstream os;
+  os << *p;  // libtorch lists the child modules after it
+  CHECK(os.str().rfind("TensorDictParams(params=TensorDict(batch_size=[], fields={0: {bias: f32[4], weight: f32[4,3]}, "
+                       "1: {bias: f32[4], weight: f32[4,4]}}))",
+                       0) == 0);
+}
+
+TEST_CASE("floating dtypes become parameters, the others buffers", "[params]") {
+  using S = schema<leaf<"f16">, leaf<"f32">, leaf<"f64">, leaf<"bf16">, leaf<"i64">, leaf<"flag">, leaf<"c64">>;
+  TensorDict<S> td({at::zeros({2}, at::kHalf), at::zeros({2}), at::zeros({2}, at::kDouble), at::zeros({2}, at::kBFloat16),
+                    at::zeros({2}, at::kLong), at::zeros({2}, at::kBool), at::zeros({2}, at::kComplexFloat)});
+  auto p = tdn::make_params(td);
+  CHECK(names_of(p->named_parameters()) == std::vector<std::string>{"f16", "f32", "f64"});
+  CHECK(names_of(p->named_buffers()) == std::vector<std::string>{"bf16", "i64", "flag", "c64"});
+  CHECK(p->get<"f32">().requires_grad());
+
+  auto all_buffers = tdn::make_params(td.clone(), {.no_convert = true});
+  CHECK(all_buffers->named_parameters().is_empty());
+  CHECK(all_buffers->named_buffers().size() == 7);
+
+  torch::nn::BatchNorm1d bn(4);
+  auto kept = from_module(bn, tdn::as_module);  // what already is a buffer stays one
+  CHECK(names_of(kept->named_parameters()) == std::vector<std::string>{"weight", "bias"});
+  CHECK(names_of(kept->named_buffers()) == std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"});
+}
+
+TEST_CASE("writes show on both sides; the registry follows writes through the params", "[params]") {
+  auto td = from_module(make_mlp()).detach().clone();
+  auto p = tdn::make_params(td);
+  at::NoGradGuard no_grad;  // the leaves are parameters now
+  td.get<"0", "bias">().fill_(3);
+  CHECK((p->get<"0", "bias">() == 3).all().item<bool>());
+  p->get<"1", "weight">().fill_(2);
+  CHECK((td.get<"1", "weight">() == 2).all().item<bool>());
+
+  at::Tensor replacement = at::ones({4});
+  p->set<"1", "bias">(replacement);
+  CHECK(impl(td.get<"1", "bias">()) == impl(replacement));  // the wrapped TensorDict sees it
+  CHECK(impl(p->named_parameters()["1.bias"]) == impl(replacement));
+  CHECK(replacement.requires_grad());
+  p->set<"1", "bias">(at::zeros({4}, at::kLong));  // now an integer: a buffer
+  CHECK(p->named_buffers().contains("1.bias"));
+  CHECK(!p->named_parameters().contains("1.bias"));
+}
+
+TEST_CASE("lock locks the wrapped TensorDict, writes through the params still work", "[params]") {
+  auto td = from_module(make_mlp()).detach().clone();
+  auto p = tdn::make_params(td, {.lock = true});
+  CHECK(td.is_locked());
+  CHECK_THROWS_AS((td.set<"0", "bias">(at::zeros({4}))), lock_error);
+  p->set<"0", "bias">(at::zeros({4}));
+  CHECK(td.is_locked());
+  CHECK((td.get<"0", "bias">() == 0).all().item<bool>());
+}
+
+TEST_CASE("a get hook sees every read", "[params]") {
+  auto p = tdn::make_params(from_module(make_mlp()).detach().clone());
+  int reads = 0;
+  p->register_get_post_hook([&](const auto&, const at::Tensor& t) {
+    ++reads;
+    return t.detach();
+  });
+  CHECK(!p->get<"0", "weight">().requires_grad());
+  CHECK(reads == 1);
+  for (const auto& v : p->values()) CHECK(!v.requires_grad());
+  CHECK(reads == 5);
+  for (const auto& [k, v] : p->items()) CHECK(!v.requires_grad());
+  CHECK(reads == 9);
+  p->register_get_post_hook([](const auto&, const at::Tensor&) { return at::Tensor(); });  // undefined: keep the value
+  CHECK(p->get<"0", "bias">().defined());
+}
+
+TEST_CASE("state_dict and load_state_dict", "[params]") {
+  auto p = tdn::make_params(from_module(make_mlp()).detach().clone());
+  auto q = tdn::make_params(from_module(make_mlp()).detach().clone());
+  const c10::TensorImpl* before = impl(q->get<"0", "weight">());
+  q->load_state_dict(p->state_dict());
+  CHECK(q->get<"0", "weight">().equal(p->get<"0", "weight">()));
+  CHECK(impl(q->get<"0", "weight">()) == before);
+
+  auto partial = p->state_dict();
+  partial.erase("1.bias");
+  partial.insert("2.weight", at::zeros({1}));
+  CHECK_THROWS_WITH(q->load_state_dict(partial), Contains("missing keys [\"1.bias\"]") && Contains("unexpected keys [\"2.weight\"]"));
+  auto old_bias = q->get<"1", "bias">().clone();
+  p->get<"0", "bias">().detach().fill_(7);
+  partial = p->state_dict();
+  partial.erase("1.bias");
+  q->load_state_dict(partial, /*strict=*/false);
+  CHECK((q->get<"0", "bias">() == 7).all().item<bool>());
+  CHECK(q->get<"1", "bias">().equal(old_bias));
+  auto wrong = p->state_dict();
+  wrong["0.bias"] = at::zeros({5});
+  CHECK_THROWS_AS(q->load_state_dict(wrong), shape_error);
+}
+
+TEST_CASE("an optimizer step changes the wrapped TensorDict", "[params]") {
+  std::vector<mlp_t> nets{make_mlp(), make_mlp()};
+  auto stacked = from_modules(nets, tdn::as_module);
+  auto before = stacked->tensordict().clone();
+  torch::optim::SGD sgd(stacked->parameters(), 0.1);
+  auto x = at::randn({5, 3});
+  tdn::functional_vmap(nets[0], stacked->tensordict(), tdn::args(x)).pow(2).sum().backward();
+  sgd.step();
+  CHECK(!(stacked->tensordict() == before).all());
+}
+
+TEST_CASE("to, and clone with its kinds and ties", "[params]") {
+  auto td = from_module(make_mlp()).detach().clone();
+  td.set<"1", "bias">(td.get<"0", "bias">());  // one tensor at two paths
+  auto p = tdn::make_params(td);
+  p->to(at::kDouble);
+  CHECK(td.get<"0", "weight">().scalar_type() == at::kDouble);  // same tensors
+  auto c = p->clone_params();
+  CHECK(impl(c->get<"0", "weight">()) != impl(p->get<"0", "weight">()));
+  CHECK(c->get<"0", "weight">().equal(p->get<"0", "weight">()));
+  CHECK(impl(c->get<"0", "bias">()) == impl(c->get<"1", "bias">()));
+  CHECK(c->named_parameters().size() == p->named_parameters().size());
+}
