@@ -111,6 +111,8 @@ TEST_CASE("a get hook sees every read", "[params]") {
   CHECK(reads == 5);
   for (const auto& [k, v] : p->items()) CHECK(!v.requires_grad());
   CHECK(reads == 9);
+  CHECK(!p->leaf(0).requires_grad());
+  CHECK(reads == 10);
   p->register_get_post_hook([](const auto&, const at::Tensor&) { return at::Tensor(); });  // undefined: keep the value
   CHECK(p->get<"0", "bias">().defined());
 }

@@ -88,7 +88,8 @@ class TensorDictParamsImpl : public torch::nn::Module {
     return *this;
   }
 
-  const at::Tensor& leaf(std::size_t i) const { return td_.leaf(i); }
+  // Leaf i in schema order, through the get hooks (undefined when unset).
+  at::Tensor leaf(std::size_t i) const { return td_.leaf(i).defined() ? read(td_.leaf(i)) : at::Tensor(); }
 
   std::vector<at::Tensor> values() const {
     std::vector<at::Tensor> out;

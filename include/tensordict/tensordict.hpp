@@ -7,6 +7,7 @@
 #include "functional_vmap.hpp"
 #include "keys.hpp"
 #include "module_schema.hpp"
+#include "modules.hpp"
 #include "params.hpp"
 #include "schema.hpp"
 #include "typed_tensordict.hpp"

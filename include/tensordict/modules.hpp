@@ -1,0 +1,241 @@
+// TensorDictModule and EnsembleModule.
+//
+//   using member_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"x">, tdn::out_keys<"y">>;
+//   member_t member(torch::nn::Linear(3, 1));
+//   tdn::EnsembleModule<member_t> ensemble(member, 4);          // 4 fresh copies
+//   auto out = ensemble->forward(td);                           // batch_size [4, *td.batch_size]
+//
+// A TensorDictModule reads its in keys from a TensorDict and writes its out
+// keys; the output schema (input schema plus the out keys) is computed by the
+// compiler, and a TensorDict that lacks an in key does not compile.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "functional_vmap.hpp"
+#include "params.hpp"
+
+namespace tensordict::nn {
+
+template <key... Keys>
+struct in_keys {};
+template <key... Keys>
+struct out_keys {};
+
+namespace compile_error {
+template <key InKey, class Available>
+struct tensordict_lacks_in_key {
+  static_assert(::tensordict::compile_error::always_false<Available>,
+                "tensordict::nn::TensorDictModule: the TensorDict has no leaf for an in key (first in "
+                "'tensordict_lacks_in_key<...>' above; its keys follow). Set it before calling the module.");
+};
+}  // namespace compile_error
+
+namespace detail {
+// S with a leaf for each out key it does not have yet.
+template <class S, key... Out>
+struct with_out_keys;
+template <class S>
+struct with_out_keys<S> {
+  using type = S;
+};
+template <class... Fields, key First, key... Rest>
+struct with_out_keys<schema<Fields...>, First, Rest...> {
+  using grown = std::conditional_t<schema<Fields...>::find(First.view()) == npos, schema<Fields..., leaf<First>>,
+                                   schema<Fields...>>;
+  using type = typename with_out_keys<grown, Rest...>::type;
+};
+
+// Re-initializes a module's tensors once: its own reset_parameters() when it
+// has one (which covers its children), else each sub-module's.
+template <class Impl>
+void reset_parameters(Impl& m) {
+  if constexpr (requires { m.reset_parameters(); }) {
+    m.reset_parameters();
+  } else if constexpr (described_module<Impl>) {
+    [&]<class... Members>(member_list<Members...>) {
+      auto visit = [&]<class Member>(std::type_identity<Member>) {
+        if constexpr (!is_tensor_member<Impl, Member>) reset_parameters(submodule<Impl, Member>(m));
+      };
+      (visit(std::type_identity<Members>{}), ...);
+    }(typename members_of_impl<Impl>::type{});
+  }
+}
+}  // namespace detail
+
+// (The wrapped module's type is not called Module: inside a class derived from
+// torch::nn::Module that name means the base.)
+template <class Wrapped, class In, class Out>
+class TensorDictModuleImpl;
+
+template <class Wrapped, key... In, key... Out>
+class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public torch::nn::Module {
+  static_assert(sizeof...(Out) == 1, "tensordict::nn::TensorDictModule: one out key per module output (a tensor).");
+
+ public:
+  using module_type = Wrapped;
+  using inner_impl = impl_of_t<Wrapped>;
+  using in_keys_t = in_keys<In...>;
+
+  explicit TensorDictModuleImpl(Wrapped wrapped) : module(register_module("module", std::move(wrapped))) {}
+
+  template <class S>
+  using output_schema = typename detail::with_out_keys<S, Out...>::type;
+
+  // Reads the in keys, writes the out key; the result shares the input's tensors.
+  template <class S>
+  static constexpr bool has_in_keys() {
+    return (has_path_v<S, In> && ...);
+  }
+
+  template <class S>
+  TensorDict<output_schema<S>> forward(const TensorDict<S>& td) {
+    if constexpr (!has_in_keys<S>()) {
+      check_in_keys<S>();  // reports the missing key; nothing more to compile
+      return TensorDict<output_schema<S>>();
+    } else {
+      return with_output(td, module->forward(td.template get<In>()...));
+    }
+  }
+
+  // The input plus `out` at the out key (batch size of the input, or `batch` when given).
+  template <class S>
+  static TensorDict<output_schema<S>> with_output(const TensorDict<S>& td, const at::Tensor& out,
+                                                  std::optional<c10::IntArrayRef> batch = std::nullopt) {
+    using O = output_schema<S>;
+    std::array<at::Tensor, O::leaf_count> leaves;
+    for (std::size_t i = 0; i < S::leaf_count; ++i) leaves[i] = td.leaf(i);
+    TensorDict<O> result(std::move(leaves), batch.value_or(td.batch_size()), td.device());
+    (result.template set<Out>(out), ...);
+    return result;
+  }
+
+  template <class S>
+  static constexpr void check_in_keys() {
+    (check_in_key<In, S>(), ...);
+  }
+
+  Wrapped module;
+
+ private:
+  template <key K, class S>
+  static constexpr void check_in_key() {
+    if constexpr (S::find(K.view()) == npos)
+      ::tensordict::compile_error::report<compile_error::tensordict_lacks_in_key<K, typename S::keys>>();
+  }
+};
+
+template <class Wrapped, class In, class Out>
+class TensorDictModule : public torch::nn::ModuleHolder<TensorDictModuleImpl<Wrapped, In, Out>> {
+ public:
+  using Impl = TensorDictModuleImpl<Wrapped, In, Out>;
+  using torch::nn::ModuleHolder<Impl>::ModuleHolder;
+  explicit TensorDictModule(Wrapped wrapped) : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(wrapped))) {}
+};
+
+// ---- EnsembleModule ----------------------------------------------------------------
+
+struct ensemble_options {
+  bool expand_input = true;  // every copy sees the same input; false: the input's first batch dim indexes the copies
+  tensordict::randomness randomness = tensordict::randomness::error;
+};
+
+template <class Member>
+class EnsembleModuleImpl : public torch::nn::Module {
+ public:
+  using member_impl = typename Member::Impl;
+  using inner = typename member_impl::inner_impl;
+  using params_t = TensorDictParams<schema_of<inner>>;
+
+  // num_copies copies with their own initialization: the member's module is
+  // re-initialized once per copy and its tensors are snapshotted; the member
+  // keeps its own values.
+  EnsembleModuleImpl(Member member, std::int64_t num_copies, ensemble_options options = {})
+      : member_(std::move(member)), options_(options) {
+    TORCH_CHECK(num_copies > 0, "EnsembleModule: num_copies must be positive, got ", num_copies);
+    inner& shape = *member_->module;
+    auto original = from_module(shape).detach().clone();
+    std::vector<TensorDict<schema_of<inner>>> copies;
+    {
+      at::NoGradGuard no_grad;
+      for (std::int64_t i = 0; i < num_copies; ++i) {
+        detail::reset_parameters(shape);
+        copies.push_back(from_module(shape).detach().clone());
+      }
+      to_module_(original, shape);
+    }
+    auto stacked = stack(copies);
+    auto kinds = detail::kinds_of(shape);
+    for (std::size_t i = 0; i < kinds.size(); ++i)
+      if (kinds[i] == leaf_kind::parameter && stacked.leaf(i).defined()) stacked.leaf(i).requires_grad_(true);
+    params = register_module("params", params_t(std::make_shared<typename params_t::Impl>(stacked, params_options{}, kinds)));
+  }
+
+  std::int64_t num_copies() const { return params->tensordict().batch_size()[0]; }
+
+  // Output batch size [num_copies, *input batch] (expand_input) or the input's.
+  template <class S>
+  auto forward(const TensorDict<S>& td) {
+    if constexpr (!member_impl::template has_in_keys<S>()) {
+      member_impl::template check_in_keys<S>();  // reports the missing key
+      return TensorDict<typename member_impl::template output_schema<S>>();
+    } else {
+      return forward_checked(td);
+    }
+  }
+
+  params_t params{nullptr};
+
+ private:
+  template <class S>
+  auto forward_checked(const TensorDict<S>& td) {
+    inner& shape = *member_->module;
+    const std::int64_t n = num_copies();
+    const auto& p = params->tensordict();
+    functional_vmap_options o{.randomness = options_.randomness};
+    if (options_.expand_input) {
+      at::Tensor out = call(shape, p, o, td, std::false_type{});
+      std::vector<std::int64_t> batch{n};
+      batch.insert(batch.end(), td.batch_size().begin(), td.batch_size().end());
+      return member_impl::with_output(td.expand(batch), out, batch);
+    }
+    if (td.batch_dims() == 0 || td.batch_size()[0] != n)
+      throw value_error("EnsembleModule(expand_input=false): the input's first batch dim must be num_copies=" +
+                        std::to_string(n) + ", got batch_size=" + format_sizes(td.batch_size()));
+    return member_impl::with_output(td, call(shape, p, o, td, std::true_type{}));
+  }
+
+  // The member's in keys as inputs: shared (args), or mapped over dim 0 (kwargs + in_dims).
+  template <class S, class Mapped>
+  static at::Tensor call(inner& shape, const TensorDict<schema_of<inner>>& p, const functional_vmap_options& o,
+                         const TensorDict<S>& td, Mapped) {
+    return call_keys(shape, p, o, td, Mapped{}, typename member_impl::in_keys_t{});
+  }
+  template <class S, class Mapped, key... In>
+  static at::Tensor call_keys(inner& shape, const TensorDict<schema_of<inner>>& p, const functional_vmap_options& o,
+                              const TensorDict<S>& td, Mapped, in_keys<In...>) {
+    if constexpr (Mapped::value)
+      return functional_vmap(shape, p, {}, kwargs(kw<In>(td.template get<In>())...), in_dims(in_dim_of<In>{0}...), o);
+    else
+      return functional_vmap(shape, p, args(td.template get<In>()...), {}, {}, o);
+  }
+
+  Member member_;
+  ensemble_options options_;
+};
+
+template <class Member>
+class EnsembleModule : public torch::nn::ModuleHolder<EnsembleModuleImpl<Member>> {
+ public:
+  using torch::nn::ModuleHolder<EnsembleModuleImpl<Member>>::ModuleHolder;
+  EnsembleModule(Member member, std::int64_t num_copies, ensemble_options options = {})
+      : torch::nn::ModuleHolder<EnsembleModuleImpl<Member>>(
+            std::make_shared<EnsembleModuleImpl<Member>>(std::move(member), num_copies, options)) {}
+};
+
+}  // namespace tensordict::nn

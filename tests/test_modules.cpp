@@ -1,0 +1,113 @@
+#include "catch_torch.hpp"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/randn.h>
+#include <torch/optim/adam.h>
+
+#include <tensordict/modules.hpp>
+
+using namespace tensordict;
+namespace tdn = tensordict::nn;
+using Catch::Matchers::Contains;
+
+// Counts its re-initializations.
+struct CountingImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  int resets = 0;
+  CountingImpl() { fc = register_module("fc", torch::nn::Linear(3, 1)); }
+  void reset_parameters() {
+    ++resets;
+    fc->reset_parameters();
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc->forward(x); }
+};
+TENSORDICT_MODULE(CountingImpl, fc);
+TORCH_MODULE(Counting);
+
+namespace {
+using x_only = schema<leaf<"x">>;
+using linear_member = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"x">, tdn::out_keys<"y">>;
+}  // namespace
+
+TEST_CASE("TensorDictModule reads in keys and writes out keys", "[modules]") {
+  linear_member member(torch::nn::Linear(3, 1));
+  TensorDict<x_only> td({at::randn({5, 3})}, {5});
+  auto out = member->forward(td);
+  STATIC_REQUIRE(std::is_same_v<decltype(out)::schema_t, schema<leaf<"x">, leaf<"y">>>);
+  CHECK(out.batch_size() == c10::IntArrayRef({5}));
+  CHECK(out.get<"y">().allclose(member->module->forward(td.get<"x">())));
+  CHECK(out.get<"x">().is_same(td.get<"x">()));
+  CHECK(member->parameters().size() == 2);
+}
+
+TEST_CASE("EnsembleModule: the reference's example", "[modules]") {
+  linear_member member(torch::nn::Linear(3, 1));
+  tdn::EnsembleModule<linear_member> ensemble(member, 4);
+  TensorDict<x_only> td({at::randn({5, 3})}, {5});
+  auto out = ensemble->forward(td);
+  CHECK(out.batch_size() == c10::IntArrayRef({4, 5}));
+  CHECK(out.get<"y">().sizes() == c10::IntArrayRef({4, 5, 1}));
+  auto w = ensemble->params->tensordict().get<"weight">();
+  CHECK(!w[0].equal(w[1]));  // fresh copies
+  CHECK(out.get<"y">()[2].allclose(at::linear(td.get<"x">(), w[2], ensemble->params->tensordict().get<"bias">()[2]),
+                                  1e-5, 1e-6));
+  CHECK(ensemble->parameters().size() == 2);
+  CHECK(ensemble->named_parameters().contains("params.weight"));
+}
+
+TEST_CASE("each copy is initialized once, and the member keeps its values", "[modules]") {
+  using member_t = tdn::TensorDictModule<Counting, tdn::in_keys<"x">, tdn::out_keys<"y">>;
+  member_t member{Counting()};
+  const auto before = member->module->fc->weight.clone();
+  tdn::EnsembleModule<member_t> ensemble(member, 3);
+  CHECK(member->module->resets == 3);
+  CHECK(member->module->fc->weight.equal(before));
+}
+
+TEST_CASE("expand_input false maps the input's first batch dim; ensembles chain", "[modules]") {
+  linear_member first(torch::nn::Linear(3, 3));
+  tdn::EnsembleModule<linear_member> ensemble(first, 4);
+  using head_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"y">, tdn::out_keys<"z">>;
+  head_t head(torch::nn::Linear(3, 2));
+  tdn::EnsembleModule<head_t> heads(head, 4, {.expand_input = false});
+  TensorDict<x_only> td({at::randn({5, 3})}, {5});
+  auto mid = ensemble->forward(td);
+  auto out = heads->forward(mid);
+  CHECK(out.batch_size() == c10::IntArrayRef({4, 5}));
+  CHECK(out.get<"z">().sizes() == c10::IntArrayRef({4, 5, 2}));
+  const auto& hp = heads->params->tensordict();
+  CHECK(out.get<"z">()[1].allclose(at::linear(mid.get<"y">()[1], hp.get<"weight">()[1], hp.get<"bias">()[1]), 1e-5, 1e-6));
+  TensorDict<schema<leaf<"y">>> unmapped({at::randn({5, 3})}, {5});
+  CHECK_THROWS_WITH(heads->forward(unmapped), Contains("num_copies=4") && Contains("batch_size=[5]"));
+  CHECK_THROWS_AS(heads->forward(unmapped), value_error);
+}
+
+TEST_CASE("training an ensemble decreases its loss", "[modules]") {
+  using mlp = tdn::Sequential<torch::nn::Linear, torch::nn::ReLU, torch::nn::Linear>;
+  using member_t = tdn::TensorDictModule<mlp, tdn::in_keys<"x">, tdn::out_keys<"y">>;
+  member_t member(mlp(torch::nn::Linear(2, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1)));
+  tdn::EnsembleModule<member_t> ensemble(member, 3);
+  torch::optim::Adam adam(ensemble->parameters(), 0.01);
+  auto x = at::randn({64, 2});
+  auto target = (x.select(1, 0) * 2 - x.select(1, 1)).unsqueeze(1);
+  TensorDict<x_only> td({x}, {64});
+  auto loss_of = [&] { return (ensemble->forward(td).get<"y">() - target).pow(2).mean(); };
+  const double first = loss_of().item<double>();
+  for (int step = 0; step < 100; ++step) {
+    adam.zero_grad();
+    loss_of().backward();
+    adam.step();
+  }
+  CHECK(loss_of().item<double>() < first * 0.2);
+}
+
+TEST_CASE("dropout in an ensemble follows the randomness setting", "[modules]") {
+  using net = tdn::Sequential<torch::nn::Linear, torch::nn::Dropout>;
+  using member_t = tdn::TensorDictModule<net, tdn::in_keys<"x">, tdn::out_keys<"y">>;
+  member_t member(net(torch::nn::Linear(3, 20), torch::nn::Dropout(0.5)));
+  TensorDict<x_only> td({at::randn({5, 3})}, {5});
+  tdn::EnsembleModule<member_t> strict(member, 2);
+  CHECK_THROWS_WITH(strict->forward(td), Contains("randomness"));
+  tdn::EnsembleModule<member_t> different(member, 2, {.randomness = randomness::different});
+  CHECK(different->forward(td).get<"y">().sizes() == c10::IntArrayRef({2, 5, 20}));
+}
