@@ -110,4 +110,10 @@ TEST_CASE("dropout in an ensemble follows the randomness setting", "[modules]") 
   CHECK_THROWS_WITH(strict->forward(td), Contains("randomness"));
   tdn::EnsembleModule<member_t> different(member, 2, {.randomness = randomness::different});
   CHECK(different->forward(td).get<"y">().sizes() == c10::IntArrayRef({2, 5, 20}));
+  // With equal copies, "same" drops the same units in every copy and "different" does not.
+  tdn::EnsembleModule<member_t> same(member, 2, {.randomness = randomness::same});
+  same->params->tensordict().get<"0", "weight">()[1].detach().copy_(same->params->tensordict().get<"0", "weight">()[0]);
+  same->params->tensordict().get<"0", "bias">()[1].detach().copy_(same->params->tensordict().get<"0", "bias">()[0]);
+  auto y = same->forward(td).get<"y">();
+  CHECK((y[0] == 0).equal(y[1] == 0));
 }

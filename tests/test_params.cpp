@@ -88,6 +88,16 @@ TEST_CASE("writes show on both sides; the registry follows writes through the pa
   CHECK(!p->named_parameters().contains("1.bias"));
 }
 
+TEST_CASE("a leaf set for the first time through the params is registered", "[params]") {
+  using S = schema<leaf<"w">, leaf<"steps">>;
+  TensorDict<S> td({at::zeros({2}), at::Tensor()});
+  auto p = tdn::make_params(td);
+  CHECK(p->named_buffers().is_empty());
+  p->set<"steps">(at::zeros({}, at::kLong));
+  CHECK(p->named_buffers().contains("steps"));
+  CHECK(td.is_set(1));
+}
+
 TEST_CASE("lock locks the wrapped TensorDict, writes through the params still work", "[params]") {
   auto td = from_module(make_mlp()).detach().clone();
   auto p = tdn::make_params(td, {.lock = true});
