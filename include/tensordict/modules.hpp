@@ -59,7 +59,7 @@ void reset_parameters(Impl& m) {
     m.reset_parameters();
   } else if constexpr (described_module<Impl>) {
     [&]<class... Members>(member_list<Members...>) {
-      auto visit = [&]<class Member>(std::type_identity<Member>) {
+      [[maybe_unused]] auto visit = [&]<class Member>(std::type_identity<Member>) {
         if constexpr (!is_tensor_member<Impl, Member>) reset_parameters(submodule<Impl, Member>(m));
       };
       (visit(std::type_identity<Members>{}), ...);
