@@ -430,7 +430,7 @@ auto functional_call(Module&& module, const TensorDict<S>& params, Args&&... arg
 namespace nn {
 namespace detail {
 // The params of child I of a typed sequential: its sub-tree, or nothing.
-template <class Impl, std::size_t I, class S>
+template <std::size_t I, class S>
 auto child_params(const TensorDict<S>& p) {
   constexpr auto name = ::tensordict::nn::detail::index_key<I>();
   if constexpr (S::find(name.view()) == npos)
@@ -454,7 +454,7 @@ struct functional<SequentialImpl<Holders...>> {
   static at::Tensor chain(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
                           Input&& input) {
     auto& child = m.template child<I>();
-    at::Tensor out = call_child(child, detail::child_params<SequentialImpl<Holders...>, I>(p), std::forward<Input>(input));
+    at::Tensor out = call_child(child, detail::child_params<I>(p), std::forward<Input>(input));
     if constexpr (I + 1 == sizeof...(Holders))
       return out;
     else

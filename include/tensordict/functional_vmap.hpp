@@ -330,7 +330,7 @@ struct batched<SequentialImpl<Holders...>> {
   static stacked chain(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
                        const stacked& x, const batch_context& ctx) {
     auto& child = *m.template child<I>();
-    stacked out = call_stacked(child, detail::child_params<SequentialImpl<Holders...>, I>(p), x, ctx);
+    stacked out = call_stacked(child, detail::child_params<I>(p), x, ctx);
     if constexpr (I + 1 == sizeof...(Holders))
       return out;
     else
@@ -354,19 +354,20 @@ constexpr bool fully_lowered() {
 // ---- functional_vmap ----------------------------------------------------------------
 
 namespace detail {
-template <class T>
-inline constexpr bool is_tensor_arg = std::is_same_v<std::remove_cvref_t<T>, at::Tensor>;
+using ::tensordict::detail::is_tensor_v;
 
 // Flattens params' batch dims into one sets dim.
 template <class S>
 TensorDict<S> flatten_sets(const TensorDict<S>& params, std::int64_t sets) {
   const auto nb = static_cast<std::int64_t>(params.batch_dims());
   if (nb == 1) return params;
-  return ::tensordict::detail::map_leaves(params, {sets}, [&](const at::Tensor& t) {
-    std::vector<std::int64_t> shape{sets};
-    shape.insert(shape.end(), t.sizes().begin() + nb, t.sizes().end());
-    return t.reshape(shape);
-  });
+  return params.apply(
+      [&](const at::Tensor& t) {
+        std::vector<std::int64_t> shape{sets};
+        shape.insert(shape.end(), t.sizes().begin() + nb, t.sizes().end());
+        return t.reshape(shape);
+      },
+      {sets});
 }
 
 // Restores params' batch dims at the front of an output.
@@ -445,7 +446,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
   // Mapped inputs: check params' batch sizes at their dim, then flatten them into one dim.
   auto prepare = [&](const auto& in, const in_dim& d) {
     using T = std::remove_cvref_t<decltype(in)>;
-    if constexpr (detail::is_tensor_arg<T>) {
+    if constexpr (detail::is_tensor_v<T>) {
       if (!d) return in;
       const std::int64_t dim = *d < 0 ? *d + in.dim() : *d;
       if (dim < 0 || dim + nb > in.dim() || in.sizes().slice(dim, nb) != batch)
@@ -468,9 +469,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
 
   // One chunk of sets [start, start + length).
   auto run = [&](std::int64_t start, std::int64_t length) {
-    auto p = length == sets ? flat_params
-                            : ::tensordict::detail::map_leaves(flat_params, {length},
-                                                               [&](const at::Tensor& t) { return t.narrow(0, start, length); });
+    auto p = length == sets ? flat_params : ::tensordict::detail::narrow_arg(flat_params, in_dim(0), start, length);
     auto chunk_inputs = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::make_tuple(::tensordict::detail::narrow_arg(std::get<I>(flat_inputs), dims[I], start, length)...);
     }(std::make_index_sequence<n_inputs>{});
@@ -482,7 +481,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
         auto one = p[i];
         auto picked = [&]<std::size_t... I>(std::index_sequence<I...>) {
           return std::make_tuple([&](const auto& in, const in_dim& d) {
-            if constexpr (detail::is_tensor_arg<std::remove_cvref_t<decltype(in)>>)
+            if constexpr (detail::is_tensor_v<std::remove_cvref_t<decltype(in)>>)
               return d ? at::Tensor(in[i]) : at::Tensor(in);
             else
               return in;
@@ -496,7 +495,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
         static_assert(std::is_same_v<Out, at::Tensor>, "functional_vmap: loop=true stacks tensor outputs.");
     } else {
       if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && n_inputs == 1 && has_batched_form<Impl>) {
-        if constexpr (detail::is_tensor_arg<std::tuple_element_t<0, decltype(chunk_inputs)>>) {
+        if constexpr (detail::is_tensor_v<std::tuple_element_t<0, decltype(chunk_inputs)>>) {
           const batch_context ctx{length, options.randomness};
           stacked out = call_stacked(impl, p, stacked{std::get<0>(chunk_inputs), dims[0].has_value()}, ctx);
           return Out(nn::detail::expand_sets(out, length));

@@ -91,14 +91,6 @@ std::int64_t mapped_size(const Arg& arg, const in_dim& dim, std::size_t index) {
   }
 }
 
-template <class S>
-TensorDict<S> map_leaves(const TensorDict<S>& td, c10::IntArrayRef batch, auto&& f) {
-  std::array<at::Tensor, S::leaf_count> leaves;
-  for (std::size_t i = 0; i < S::leaf_count; ++i)
-    if (td.leaf(i).defined()) leaves[i] = f(td.leaf(i));
-  return TensorDict<S>(std::move(leaves), batch, td.device());
-}
-
 template <class Arg>
 decltype(auto) narrow_arg(const Arg& arg, const in_dim& dim, std::int64_t start, std::int64_t length) {
   if constexpr (is_tensor_v<Arg>) {
@@ -109,7 +101,7 @@ decltype(auto) narrow_arg(const Arg& arg, const in_dim& dim, std::int64_t start,
     const std::int64_t d = normalize_dim(*dim, static_cast<std::int64_t>(arg.batch_dims()), 0);
     std::vector<std::int64_t> batch(arg.batch_size().begin(), arg.batch_size().end());
     batch[d] = length;
-    return map_leaves(arg, batch, [&](const at::Tensor& t) { return t.narrow(d, start, length); });
+    return arg.apply([&](const at::Tensor& t) { return t.narrow(d, start, length); }, batch);
   } else {
     return (arg);
   }
@@ -125,7 +117,7 @@ decltype(auto) wrap_arg(const Arg& arg, const in_dim& dim, std::int64_t level) {
     const std::int64_t d = normalize_dim(*dim, static_cast<std::int64_t>(arg.batch_dims()), 0);
     std::vector<std::int64_t> batch(arg.batch_size().begin(), arg.batch_size().end());
     batch.erase(batch.begin() + d);
-    return map_leaves(arg, batch, [&](const at::Tensor& t) { return functorch::add_batch_dim(t, d, level); });
+    return arg.apply([&](const at::Tensor& t) { return functorch::add_batch_dim(t, d, level); }, batch);
   } else {
     return (arg);
   }
@@ -138,7 +130,7 @@ Out unwrap_output(const Out& out, std::int64_t level, std::int64_t batch_size) {
   } else if constexpr (is_td_v<Out>) {
     std::vector<std::int64_t> batch{batch_size};
     batch.insert(batch.end(), out.batch_size().begin(), out.batch_size().end());
-    return map_leaves(out, batch, [&](const at::Tensor& t) { return functorch::remove_batch_dim(t, level, batch_size, 0); });
+    return out.apply([&](const at::Tensor& t) { return functorch::remove_batch_dim(t, level, batch_size, 0); }, batch);
   } else if constexpr (requires { std::tuple_size<Out>::value; }) {
     return std::apply([&](const auto&... parts) { return Out{unwrap_output(parts, level, batch_size)...}; }, out);
   } else if constexpr (requires { typename Out::value_type; out.begin(); }) {
