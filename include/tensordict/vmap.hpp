@@ -156,6 +156,8 @@ template <class Out>
 Out concatenate(const std::vector<Out>& chunks) {
   if constexpr (is_tensor_v<Out>) {
     return at::cat(chunks, 0);
+  } else if constexpr (is_td_v<Out> && !requires { Out::leaf_count; }) {
+    return cat(chunks, 0);  // AnyTensorDict's, found by argument-dependent lookup
   } else if constexpr (is_td_v<Out>) {
     std::vector<std::int64_t> batch(chunks[0].batch_size().begin(), chunks[0].batch_size().end());
     batch[0] = 0;

@@ -1,0 +1,846 @@
+// The runtime-erased TensorDict: keys are strings known at run time.
+//
+//   tensordict::AnyTensorDict td({4});                     // batch_size [4]
+//   td.set("0", "weight", at::randn({4, 8, 3}));          // creates the sub-tree "0"
+//   at::Tensor w = td.get("0", "weight");                  // a typo throws key_error, naming the keys there
+//   std::cout << td;   // TensorDict(batch_size=[4], fields={0: {weight: f32[4,8,3]}})
+//
+// The same verbs as the typed TensorDict<S>, checked at run time, for models
+// whose structure is not a type (a torch::nn::Sequential built from a config
+// file). A typed TensorDict converts to an AnyTensorDict implicitly and
+// without copies; to_typed<S>() converts back, checking the keys (and with a
+// reference TensorDict, the shapes and dtypes) and listing every difference in
+// one error.
+//
+// Keys keep their insertion order (keys(), iteration); printing sorts them,
+// as Python does. A sub-tree obtained with get_tensordict(...) is a view: it
+// shares its parent's leaves, batch size and locks. A call that throws leaves
+// the TensorDict as it was.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/TensorIndexing.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+
+#include "detail/format.hpp"
+#include "errors.hpp"
+#include "typed_tensordict.hpp"
+
+namespace tensordict {
+
+class AnyTensorDict;
+
+// A run-time key path: ("0", "weight") is {"0", "weight"}.
+using any_key_path = std::vector<std::string>;
+
+// Python's spelling, as the typed API prints paths: "weight" or ("0", "weight").
+inline std::string to_string(c10::ArrayRef<std::string> path) {
+  std::vector<std::string_view> parts(path.begin(), path.end());
+  return format_key_path(parts.data(), parts.size());
+}
+
+namespace detail {
+
+struct any_node {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;                  // undefined where the entry is a sub-tree
+  std::vector<std::shared_ptr<any_node>> children;  // null where the entry is a leaf
+  bool locked = false;
+  any_node* parent = nullptr;
+
+  std::size_t find(std::string_view name) const {
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (names[i] == name) return i;
+    return npos;
+  }
+  std::size_t size() const { return names.size(); }
+  bool is_leaf(std::size_t i) const { return !children[i]; }
+
+  // The keys of this level, sorted, for error messages: "bias", "weight".
+  std::string listing() const {
+    if (names.empty()) return "none (it is empty)";
+    std::vector<std::string> sorted = names;
+    std::sort(sorted.begin(), sorted.end());
+    std::string out;
+    for (const auto& n : sorted) out += (out.empty() ? "\"" : ", \"") + n + '"';
+    return out;
+  }
+};
+
+struct any_root {
+  std::vector<std::int64_t> batch_size;
+  std::optional<at::Device> device;
+};
+
+template <>
+struct is_tensordict<AnyTensorDict> : std::true_type {};
+
+// set("0", "weight", value): every argument but the last is a string key.
+template <class... Args>
+constexpr bool keys_then_value = [] {
+  constexpr bool is_key[] = {std::is_convertible_v<const Args&, std::string_view>...};
+  for (std::size_t i = 0; i + 1 < sizeof...(Args); ++i)
+    if (!is_key[i]) return false;
+  return true;
+}();
+
+}  // namespace detail
+
+class AnyTensorDict {
+ public:
+  explicit AnyTensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt)
+      : root_(std::make_shared<detail::any_root>(
+            detail::any_root{std::vector<std::int64_t>(batch_size.begin(), batch_size.end()), device})),
+        node_(std::make_shared<detail::any_node>()) {}
+  explicit AnyTensorDict(std::initializer_list<std::int64_t> batch_size, std::optional<at::Device> device = std::nullopt)
+      : AnyTensorDict(c10::IntArrayRef(batch_size.begin(), batch_size.size()), device) {}
+
+  // Every set leaf of a typed TensorDict, under the same key paths, the same tensors.
+  template <schema_type S>
+  AnyTensorDict(const TensorDict<S>& typed) : AnyTensorDict(typed.batch_size(), typed.device()) {
+    for (const auto& [path, tensor] : typed.items()) insert_leaf(any_key_path(path.begin(), path.end()), tensor);
+    if (typed.is_locked()) lock_();
+  }
+
+  // ---- structure --------------------------------------------------------------
+
+  c10::IntArrayRef batch_size() const { return root_->batch_size; }
+  std::size_t batch_dims() const { return root_->batch_size.size(); }
+  const std::optional<at::Device>& device() const { return root_->device; }
+
+  // The keys of this level, in insertion order.
+  const std::vector<std::string>& names() const { return node_->names; }
+  bool empty() const { return node_->names.empty(); }
+
+  // Key paths of every leaf, depth first, in insertion order.
+  std::vector<any_key_path> keys() const {
+    std::vector<any_key_path> out;
+    for_each_leaf([&](const any_key_path& p, const at::Tensor&) { out.push_back(p); });
+    return out;
+  }
+  std::vector<at::Tensor> values() const {
+    std::vector<at::Tensor> out;
+    for_each_leaf([&](const any_key_path&, const at::Tensor& t) { out.push_back(t); });
+    return out;
+  }
+  std::vector<std::pair<any_key_path, at::Tensor>> items() const {
+    std::vector<std::pair<any_key_path, at::Tensor>> out;
+    for_each_leaf([&](const any_key_path& p, const at::Tensor& t) { out.emplace_back(p, t); });
+    return out;
+  }
+  std::size_t leaf_count() const {
+    std::size_t n = 0;
+    for_each_leaf([&](const any_key_path&, const at::Tensor&) { ++n; });
+    return n;
+  }
+
+  // Calls f(path, tensor) for every leaf, depth first, in insertion order.
+  template <class F>
+  void for_each_leaf(F&& f) const {
+    any_key_path path;
+    visit(*node_, path, f);
+  }
+
+  // ---- get / set ----------------------------------------------------------------
+
+  bool contains(c10::ArrayRef<std::string> path) const { return locate(path).node != nullptr; }
+  bool is_leaf(c10::ArrayRef<std::string> path) const {
+    auto at = locate(path);
+    return at.node && at.node->is_leaf(at.index);
+  }
+
+  // The tensor at a leaf; key_error for a missing key or a sub-tree.
+  const at::Tensor& get(c10::ArrayRef<std::string> path) const {
+    auto at = resolve(path, "AnyTensorDict.get");
+    if (!at.node->is_leaf(at.index))
+      throw key_error("AnyTensorDict.get(" + to_string(path) + "): this key holds a sub-tree (keys " +
+                      at.node->children[at.index]->listing() + "), not a tensor; use get_tensordict(...) for it");
+    return at.node->tensors[at.index];
+  }
+
+  // A view of a sub-tree; key_error for a missing key or a leaf.
+  AnyTensorDict get_tensordict(c10::ArrayRef<std::string> path) const {
+    if (path.empty()) return *this;
+    auto at = resolve(path, "AnyTensorDict.get_tensordict");
+    if (at.node->is_leaf(at.index))
+      throw key_error("AnyTensorDict.get_tensordict(" + to_string(path) + "): this key holds a tensor (" +
+                      describe(at.node->tensors[at.index]) + "), not a sub-tree; use get(...) for it");
+    return AnyTensorDict(root_, at.node->children[at.index]);
+  }
+
+  // Sets a leaf, creating the sub-trees on the way (as Python's set with a
+  // tuple key). The tensor's leading dims must be the batch size.
+  AnyTensorDict& set(c10::ArrayRef<std::string> path, at::Tensor value) {
+    if (path.empty()) throw key_error("AnyTensorDict.set: needs a key path of at least one key");
+    if (!value.defined()) throw value_error("AnyTensorDict.set(" + to_string(path) + "): the tensor is undefined");
+    value = checked_leaf(std::move(value), path, "AnyTensorDict.set");
+    detail::any_node& parent = parent_for_write(path, "AnyTensorDict.set");
+    const std::size_t i = parent.find(path.back());
+    if (i == npos) {
+      parent.names.emplace_back(path.back());
+      parent.tensors.push_back(std::move(value));
+      parent.children.emplace_back();
+    } else {
+      detach_child(parent, i);
+      parent.tensors[i] = std::move(value);
+    }
+    return *this;
+  }
+
+  // Sets a sub-tree: a new node holding the same tensors as `value`, whose
+  // batch size must equal this one's.
+  AnyTensorDict& set(c10::ArrayRef<std::string> path, const AnyTensorDict& value) {
+    if (path.empty()) throw key_error("AnyTensorDict.set: needs a key path of at least one key");
+    if (value.batch_size() != batch_size())
+      throw shape_error("AnyTensorDict.set(" + to_string(path) + "): expected a TensorDict with batch_size=" +
+                        format_sizes(batch_size()) + ", got batch_size=" + format_sizes(value.batch_size()));
+    auto copy = copy_node(*value.node_, nullptr);
+    if (device()) relocate(*copy, *device());
+    detail::any_node& parent = parent_for_write(path, "AnyTensorDict.set");
+    copy->parent = &parent;
+    const std::size_t i = parent.find(path.back());
+    if (i == npos) {
+      parent.names.emplace_back(path.back());
+      parent.tensors.emplace_back();
+      parent.children.push_back(std::move(copy));
+    } else {
+      detach_child(parent, i);
+      parent.tensors[i] = at::Tensor();
+      parent.children[i] = std::move(copy);
+    }
+    return *this;
+  }
+
+  // Removes a key (a leaf or a whole sub-tree), as Python's del_.
+  AnyTensorDict& erase(c10::ArrayRef<std::string> path) {
+    auto at = resolve(path, "AnyTensorDict.erase");
+    check_unlocked(*at.node, path, "AnyTensorDict.erase");
+    detach_child(*at.node, at.index);
+    at.node->names.erase(at.node->names.begin() + at.index);
+    at.node->tensors.erase(at.node->tensors.begin() + at.index);
+    at.node->children.erase(at.node->children.begin() + at.index);
+    return *this;
+  }
+
+  // The variadic spellings: get("0", "weight"), set("0", "weight", t).
+  template <class... Keys>
+    requires(sizeof...(Keys) > 0 && (std::is_convertible_v<const Keys&, std::string_view> && ...))
+  const at::Tensor& get(const Keys&... keys) const {
+    return get(path_of(keys...));
+  }
+  template <class... Keys>
+    requires(sizeof...(Keys) > 0 && (std::is_convertible_v<const Keys&, std::string_view> && ...))
+  AnyTensorDict get_tensordict(const Keys&... keys) const {
+    return get_tensordict(path_of(keys...));
+  }
+  template <class... Args>
+    requires(sizeof...(Args) > 1 && detail::keys_then_value<Args...>)
+  AnyTensorDict& set(const Args&... args) {
+    return set_variadic(std::index_sequence_for<Args...>{}, args...);
+  }
+  template <class... Keys>
+    requires(sizeof...(Keys) > 0 && (std::is_convertible_v<const Keys&, std::string_view> && ...))
+  bool contains(const Keys&... keys) const {
+    return contains(path_of(keys...));
+  }
+  template <class... Keys>
+    requires(sizeof...(Keys) > 0 && (std::is_convertible_v<const Keys&, std::string_view> && ...))
+  AnyTensorDict& erase(const Keys&... keys) {
+    return erase(path_of(keys...));
+  }
+
+  // ---- whole-tree operations ------------------------------------------------------
+
+  // A new TensorDict with f(leaf) at every leaf; a leaf for which f returns
+  // an undefined tensor is left out. The batch size stays unless one is given.
+  template <class F>
+  AnyTensorDict apply(F&& f) const {
+    return apply(std::forward<F>(f), batch_size());
+  }
+  template <class F>
+  AnyTensorDict apply(F&& f, c10::IntArrayRef new_batch_size) const {
+    AnyTensorDict out(new_batch_size, device());
+    out.node_ = map_node(*node_, nullptr, out, f);
+    return out;
+  }
+
+  // f on every leaf; a returned tensor is written into the leaf (same
+  // identity). Every result is computed before the first write.
+  template <class F>
+  AnyTensorDict& apply_(F&& f) {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, at::Tensor&>>) {
+      for_each_leaf([&](const any_key_path&, const at::Tensor& t) {
+        at::Tensor leaf = t;
+        f(leaf);
+      });
+    } else {
+      std::vector<at::Tensor> results;
+      for_each_leaf([&](const any_key_path&, const at::Tensor& t) {
+        at::Tensor leaf = t;
+        results.push_back(f(leaf));
+      });
+      std::size_t k = 0;
+      for_each_leaf([&](const any_key_path&, const at::Tensor& t) {
+        const at::Tensor& r = results[k++];
+        if (r.defined() && !r.is_same(t)) t.copy_(r);
+      });
+    }
+    return *this;
+  }
+
+  AnyTensorDict clone() const {
+    return apply([](const at::Tensor& t) { return t.clone(); });
+  }
+  AnyTensorDict detach() const {
+    return apply([](const at::Tensor& t) { return t.detach(); });
+  }
+  AnyTensorDict& zero_() {
+    return apply_([](at::Tensor& t) { t.zero_(); });
+  }
+  AnyTensorDict to(at::ScalarType dtype) const {
+    return apply([&](const at::Tensor& t) { return t.to(dtype); });
+  }
+  AnyTensorDict to(at::Device device) const {
+    AnyTensorDict out = apply([&](const at::Tensor& t) { return t.to(device); });
+    out.root_->device = device;
+    return out;
+  }
+
+  // Element-wise comparisons; both sides must have the same keys.
+  AnyTensorDict operator==(const AnyTensorDict& other) const {
+    return compare(other, "==", [](const at::Tensor& a, const at::Tensor& b) { return a.eq(b); });
+  }
+  AnyTensorDict operator!=(const AnyTensorDict& other) const {
+    return compare(other, "!=", [](const at::Tensor& a, const at::Tensor& b) { return a.ne(b); });
+  }
+  AnyTensorDict operator==(const at::Scalar& value) const {
+    return apply([&](const at::Tensor& t) { return t.eq(value); });
+  }
+  AnyTensorDict operator!=(const at::Scalar& value) const {
+    return apply([&](const at::Tensor& t) { return t.ne(value); });
+  }
+  bool all() const {
+    bool result = true;
+    for_each_leaf([&](const any_key_path&, const at::Tensor& t) { result = result && t.all().item<bool>(); });
+    return result;
+  }
+  bool any() const {
+    bool result = false;
+    for_each_leaf([&](const any_key_path&, const at::Tensor& t) { result = result || t.any().item<bool>(); });
+    return result;
+  }
+
+  // ---- batch dims -------------------------------------------------------------------
+
+  AnyTensorDict index(c10::ArrayRef<at::indexing::TensorIndex> indices) const {
+    auto batch = detail::batch_indices(indices, batch_dims());
+    auto probe = at::zeros({}, at::kByte).expand(batch_size()).index(batch);
+    return apply([&](const at::Tensor& t) { return t.index(batch); }, probe.sizes());
+  }
+  AnyTensorDict index(std::initializer_list<at::indexing::TensorIndex> indices) const {
+    return index(c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
+  }
+  AnyTensorDict operator[](std::int64_t i) const { return index({at::indexing::TensorIndex(i)}); }
+
+  std::vector<AnyTensorDict> unbind(std::int64_t dim = 0) const {
+    dim = batch_dim(dim, "unbind");
+    std::vector<std::int64_t> rest(batch_size().begin(), batch_size().end());
+    const std::int64_t n = rest[dim];
+    rest.erase(rest.begin() + dim);
+    std::vector<AnyTensorDict> out;
+    out.reserve(n);
+    for (std::int64_t k = 0; k < n; ++k) out.push_back(apply([&](const at::Tensor& t) { return t.select(dim, k); }, rest));
+    return out;
+  }
+
+  // As TensorDict<S>::expand: new dims go in front, -1 keeps a size.
+  AnyTensorDict expand(c10::IntArrayRef shape) const {
+    const std::size_t nb = batch_dims();
+    if (shape.size() < nb)
+      throw shape_error("TensorDict.expand: the shape " + format_sizes(shape) + " has fewer dims than batch_size=" +
+                        format_sizes(batch_size()));
+    std::vector<std::int64_t> target(shape.begin(), shape.end());
+    const std::size_t lead = shape.size() - nb;
+    for (std::size_t d = 0; d < nb; ++d) {
+      if (target[lead + d] == -1) target[lead + d] = batch_size()[d];
+      if (target[lead + d] != batch_size()[d] && batch_size()[d] != 1)
+        throw shape_error("TensorDict.expand: cannot expand batch_size=" + format_sizes(batch_size()) + " to " +
+                          format_sizes(shape));
+    }
+    return apply(
+        [&](const at::Tensor& t) {
+          std::vector<std::int64_t> full = target;
+          full.insert(full.end(), t.sizes().begin() + nb, t.sizes().end());
+          return t.expand(full);
+        },
+        target);
+  }
+
+  // ---- keys ---------------------------------------------------------------------------
+
+  // The same tensors under joined keys: ("0", "weight") becomes "0.weight".
+  AnyTensorDict flatten_keys(std::string_view separator = ".") const {
+    AnyTensorDict out(batch_size(), device());
+    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      std::string joined;
+      for (std::size_t i = 0; i < path.size(); ++i) joined += (i ? std::string(separator) : "") + path[i];
+      if (out.node_->find(joined) != npos)
+        throw key_error("AnyTensorDict.flatten_keys: two leaves flatten to \"" + joined + "\"");
+      out.insert_leaf({joined}, t);
+    });
+    return out;
+  }
+
+  // The inverse: "0.weight" becomes ("0", "weight"). Keys of sub-trees are
+  // split too. A key that is both a leaf and a prefix throws key_error.
+  AnyTensorDict unflatten_keys(std::string_view separator = ".") const {
+    if (separator.empty()) throw value_error("AnyTensorDict.unflatten_keys: the separator is empty");
+    AnyTensorDict out(batch_size(), device());
+    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      any_key_path split;
+      for (const auto& part : path) {
+        std::size_t start = 0;
+        for (std::size_t pos; (pos = part.find(separator, start)) != std::string::npos; start = pos + separator.size())
+          split.push_back(part.substr(start, pos - start));
+        split.push_back(part.substr(start));
+      }
+      out.insert_leaf(split, t);
+    });
+    return out;
+  }
+
+  // ---- locking --------------------------------------------------------------------------
+
+  // A locked TensorDict refuses set and erase; in-place writes into its
+  // tensors still work. Locking propagates to sub-trees.
+  AnyTensorDict& lock_() {
+    set_locked(*node_, true);
+    return *this;
+  }
+  AnyTensorDict& unlock_() {
+    for (const detail::any_node* p = node_->parent; p; p = p->parent)
+      if (p->locked)
+        throw lock_error("TensorDict.unlock_: this TensorDict is part of a locked TensorDict; unlock that one instead");
+    set_locked(*node_, false);
+    return *this;
+  }
+  bool is_locked() const { return node_->locked; }
+
+  // ---- conversions -------------------------------------------------------------------------
+
+  // The typed form, holding the same tensors. Every key must be a leaf of S
+  // (leaves of S that are missing stay unset); every leaf's leading dims must
+  // be the batch size. One error lists every difference.
+  template <schema_type S>
+  TensorDict<S> to_typed() const {
+    return typed_from<S>(nullptr);
+  }
+
+  // As to_typed<S>(), and the keys, shapes and dtypes must be those of
+  // `like` (e.g. from_module(net)): a leaf unset in `like` must be absent.
+  template <schema_type S>
+  TensorDict<S> to_typed(const TensorDict<S>& like) const {
+    return typed_from<S>(&like);
+  }
+
+  // ---- printing -----------------------------------------------------------------------------
+
+  std::string repr(print_style style = print_style::one_line) const {
+    std::string out = "TensorDict(batch_size=" + format_sizes(batch_size());
+    if (device()) out += ", device=" + device()->str();
+    out += ", fields={";
+    print_level(out, *node_, style == print_style::multiline);
+    return out + "})";
+  }
+  friend std::ostream& operator<<(std::ostream& os, const AnyTensorDict& td) { return os << td.repr(); }
+
+  // Whether two handles view the same node (not a comparison of values).
+  bool is_same(const AnyTensorDict& other) const { return node_ == other.node_; }
+
+ private:
+  friend AnyTensorDict stack(c10::ArrayRef<AnyTensorDict>, std::int64_t);
+  friend AnyTensorDict cat(c10::ArrayRef<AnyTensorDict>, std::int64_t);
+
+  struct location {
+    detail::any_node* node = nullptr;  // the node that holds the last key
+    std::size_t index = npos;
+  };
+
+  AnyTensorDict(std::shared_ptr<detail::any_root> root, std::shared_ptr<detail::any_node> node)
+      : root_(std::move(root)), node_(std::move(node)) {}
+
+  template <class... Keys>
+  static any_key_path path_of(const Keys&... keys) {
+    return any_key_path{std::string(std::string_view(keys))...};
+  }
+
+  template <std::size_t... I, class... Args>
+  AnyTensorDict& set_variadic(std::index_sequence<I...>, const Args&... args) {
+    constexpr std::size_t n = sizeof...(Args) - 1;
+    const auto all = std::forward_as_tuple(args...);
+    const auto& value = std::get<n>(all);
+    any_key_path path;
+    (
+        [&](const auto& part) {
+          if constexpr (I < n) path.emplace_back(std::string_view(part));
+        }(std::get<I>(all)),
+        ...);
+    using V = std::remove_cvref_t<decltype(value)>;
+    if constexpr (std::is_convertible_v<const V&, at::Tensor>)
+      return set(path, at::Tensor(value));
+    else
+      return set(path, AnyTensorDict(value));
+  }
+
+  location locate(c10::ArrayRef<std::string> path) const {
+    detail::any_node* node = node_.get();
+    for (std::size_t k = 0; k < path.size(); ++k) {
+      const std::size_t i = node->find(path[k]);
+      if (i == npos) return {};
+      if (k + 1 == path.size()) return {node, i};
+      if (node->is_leaf(i)) return {};
+      node = node->children[i].get();
+    }
+    return {};
+  }
+
+  // As locate, but throws key_error naming the key and the keys available there.
+  location resolve(c10::ArrayRef<std::string> path, const char* op) const {
+    if (path.empty()) throw key_error(std::string(op) + ": needs a key path of at least one key");
+    detail::any_node* node = node_.get();
+    for (std::size_t k = 0;; ++k) {
+      const std::size_t i = node->find(path[k]);
+      if (i == npos) {
+        std::string where = k == 0 ? "at the top level" : "under " + to_string(path.slice(0, k));
+        throw key_error(std::string(op) + "(" + to_string(path) + "): no key \"" + path[k] + "\" " + where +
+                        "; the keys there are " + node->listing());
+      }
+      if (k + 1 == path.size()) return {node, i};
+      if (node->is_leaf(i))
+        throw key_error(std::string(op) + "(" + to_string(path) + "): the key path goes on after the leaf " +
+                        to_string(path.slice(0, k + 1)) + " (" + describe(node->tensors[i]) + ")");
+      node = node->children[i].get();
+    }
+  }
+
+  // The node that will hold path.back(), its sub-trees created when missing.
+  // Nothing is created unless the whole call can succeed.
+  detail::any_node& parent_for_write(c10::ArrayRef<std::string> path, const char* op) {
+    detail::any_node* node = node_.get();
+    std::size_t k = 0;
+    for (; k + 1 < path.size(); ++k) {
+      const std::size_t i = node->find(path[k]);
+      if (i == npos) break;
+      if (node->is_leaf(i))
+        throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) +
+                        " holds a tensor (" + describe(node->tensors[i]) + "), so it cannot hold the key \"" +
+                        path[k + 1] + "\"");
+      node = node->children[i].get();
+    }
+    check_unlocked(*node, path, op);
+    for (; k + 1 < path.size(); ++k) {
+      auto child = std::make_shared<detail::any_node>();
+      child->parent = node;
+      node->names.push_back(path[k]);
+      node->tensors.emplace_back();
+      node->children.push_back(child);
+      node = child.get();
+    }
+    return *node;
+  }
+
+  static void detach_child(detail::any_node& node, std::size_t i) {
+    if (node.children[i]) node.children[i]->parent = nullptr;
+    node.children[i].reset();
+  }
+
+  static void check_unlocked(const detail::any_node& node, c10::ArrayRef<std::string> path, const char* op) {
+    if (node.locked)
+      throw lock_error(std::string(op) + "(" + to_string(path) +
+                       "): the TensorDict is locked, so its keys cannot be replaced or removed. Write into the tensor "
+                       "in place (get(...).copy_(value)) or call unlock_() first.");
+  }
+
+  // Inserts a leaf during construction (no lock or batch checks: the caller made them).
+  void insert_leaf(const any_key_path& path, const at::Tensor& t) {
+    detail::any_node* node = node_.get();
+    for (std::size_t k = 0; k + 1 < path.size(); ++k) {
+      std::size_t i = node->find(path[k]);
+      if (i == npos) {
+        auto child = std::make_shared<detail::any_node>();
+        child->parent = node;
+        node->names.push_back(path[k]);
+        node->tensors.emplace_back();
+        node->children.push_back(child);
+        i = node->size() - 1;
+      } else if (node->is_leaf(i)) {
+        throw key_error("AnyTensorDict: " + to_string(path) + " needs " + to_string(c10::ArrayRef<std::string>(path).slice(0, k + 1)) +
+                        " to be a sub-tree, but it is a leaf");
+      }
+      node = node->children[i].get();
+    }
+    if (const std::size_t i = node->find(path.back()); i != npos)
+      throw key_error("AnyTensorDict: the key " + to_string(path) + " is given twice");
+    node->names.push_back(path.back());
+    node->tensors.push_back(t);
+    node->children.emplace_back();
+  }
+
+  at::Tensor checked_leaf(at::Tensor t, c10::ArrayRef<std::string> path, const char* op) const {
+    if (device() && t.device() != *device()) t = t.to(*device());
+    if (!detail::has_batch_prefix(t, batch_size()))
+      throw shape_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) +
+                        ", but its leading dims must be the batch size " + format_sizes(batch_size()));
+    return t;
+  }
+
+  std::int64_t batch_dim(std::int64_t dim, const char* op) const {
+    const auto nb = static_cast<std::int64_t>(batch_dims());
+    if (dim < -nb || dim >= nb)
+      throw index_error(std::string("TensorDict.") + op + ": dim " + std::to_string(dim) +
+                        " is out of range for batch_size=" + format_sizes(batch_size()));
+    return dim < 0 ? dim + nb : dim;
+  }
+
+  template <class F>
+  static void visit(const detail::any_node& node, any_key_path& path, F& f) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      path.push_back(node.names[i]);
+      if (node.is_leaf(i))
+        f(std::as_const(path), node.tensors[i]);
+      else
+        visit(*node.children[i], path, f);
+      path.pop_back();
+    }
+  }
+
+  static std::shared_ptr<detail::any_node> copy_node(const detail::any_node& from, detail::any_node* parent) {
+    auto out = std::make_shared<detail::any_node>();
+    out->parent = parent;
+    out->names = from.names;
+    out->tensors = from.tensors;
+    out->children.resize(from.size());
+    for (std::size_t i = 0; i < from.size(); ++i)
+      if (from.children[i]) out->children[i] = copy_node(*from.children[i], out.get());
+    return out;
+  }
+
+  static void relocate(detail::any_node& node, at::Device device) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      if (node.children[i])
+        relocate(*node.children[i], device);
+      else if (node.tensors[i].device() != device)
+        node.tensors[i] = node.tensors[i].to(device);
+    }
+  }
+
+  static void set_locked(detail::any_node& node, bool locked) {
+    node.locked = locked;
+    for (auto& c : node.children)
+      if (c) set_locked(*c, locked);
+  }
+
+  // f at every leaf of `from`, into a new node of `out` (sub-trees that end empty stay, as in Python).
+  template <class F>
+  static std::shared_ptr<detail::any_node> map_node(const detail::any_node& from, detail::any_node* parent,
+                                                    const AnyTensorDict& out, F& f, any_key_path* path = nullptr) {
+    any_key_path local;
+    if (!path) path = &local;
+    auto node = std::make_shared<detail::any_node>();
+    node->parent = parent;
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      path->push_back(from.names[i]);
+      if (from.children[i]) {
+        node->names.push_back(from.names[i]);
+        node->tensors.emplace_back();
+        node->children.push_back(map_node(*from.children[i], node.get(), out, f, path));
+      } else {
+        at::Tensor r = f(from.tensors[i]);
+        if (r.defined()) {
+          node->names.push_back(from.names[i]);
+          node->tensors.push_back(out.checked_leaf(std::move(r), *path, "TensorDict.apply"));
+          node->children.emplace_back();
+        }
+      }
+      path->pop_back();
+    }
+    return node;
+  }
+
+  template <class F>
+  AnyTensorDict compare(const AnyTensorDict& other, const char* op, F&& f) const {
+    AnyTensorDict out(batch_size(), device());
+    for_each_leaf([&](const any_key_path& path, const at::Tensor& a) {
+      auto at = other.locate(path);
+      if (!at.node || !at.node->is_leaf(at.index))
+        throw key_error(std::string("TensorDict ") + op + ": the leaf " + to_string(path) + " is set on one side only");
+      out.insert_leaf(path, f(a, at.node->tensors[at.index]));
+    });
+    if (other.leaf_count() != out.leaf_count())
+      other.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
+        if (!locate(path).node)
+          throw key_error(std::string("TensorDict ") + op + ": the leaf " + to_string(path) + " is set on one side only");
+      });
+    return out;
+  }
+
+  template <schema_type S>
+  TensorDict<S> typed_from(const TensorDict<S>* like) const {
+    std::string problems;
+    auto problem = [&](std::string text) { problems += "\n  " + text; };
+    std::array<at::Tensor, S::leaf_count> leaves;
+    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      std::size_t found = npos;
+      for (std::size_t i = 0; i < S::leaf_count && found == npos; ++i) {
+        const key_path lp = leaf_path<S>(i);
+        if (lp.size() == path.size() && std::equal(lp.begin(), lp.end(), path.begin())) found = i;
+      }
+      if (found == npos) return problem(to_string(path) + ": not a leaf of the schema (" + describe(t) + ")");
+      if (like) {
+        const at::Tensor& expected = like->leaf(found);
+        if (!expected.defined()) return problem(to_string(path) + ": unset in the reference, but given " + describe(t));
+        if (expected.sizes() != t.sizes() || expected.scalar_type() != t.scalar_type())
+          return problem(to_string(path) + ": expected " + describe(expected) + ", got " + describe(t));
+      } else if (!detail::has_batch_prefix(t, batch_size())) {
+        return problem(to_string(path) + ": " + describe(t) + " does not start with the batch size " +
+                       format_sizes(batch_size()));
+      }
+      leaves[found] = t;
+    });
+    if (like) {
+      if (like->batch_size() != batch_size())
+        problem("batch_size: expected " + format_sizes(like->batch_size()) + ", got " + format_sizes(batch_size()));
+      for (std::size_t i = 0; i < S::leaf_count; ++i)
+        if (like->leaf(i).defined() && !leaves[i].defined() && !contains_path(leaf_path<S>(i)))
+          problem(to_string(leaf_path<S>(i)) + ": missing (expected " + describe(like->leaf(i)) + ")");
+    }
+    if (!problems.empty())
+      throw key_error("AnyTensorDict.to_typed: the TensorDict does not match the schema:" + problems);
+    TensorDict<S> out(std::move(leaves), batch_size(), device());
+    if (is_locked()) out.lock_();
+    return out;
+  }
+
+  bool contains_path(key_path lp) const {
+    return contains(any_key_path(lp.begin(), lp.end()));
+  }
+
+  static void print_level(std::string& out, const detail::any_node& node, bool multiline) {
+    std::vector<std::size_t> order(node.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return node.names[a] < node.names[b]; });
+    bool first = true;
+    for (std::size_t i : order) {
+      if (!first) out += multiline ? "," : ", ";
+      if (multiline) out += "\n    ";
+      out += node.names[i];
+      out += ": ";
+      if (node.children[i]) {
+        out += '{';
+        print_level(out, *node.children[i], false);
+        out += '}';
+      } else {
+        out += describe(node.tensors[i]);
+      }
+      first = false;
+    }
+  }
+
+  std::shared_ptr<detail::any_root> root_;
+  std::shared_ptr<detail::any_node> node_;
+};
+
+namespace detail {
+// The leaves of several TensorDicts with the same keys, joined by `join`.
+template <class Join>
+AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op, c10::IntArrayRef batch, Join&& join) {
+  const AnyTensorDict& first = tds[0];
+  std::vector<at::Tensor> parts(tds.size());
+  AnyTensorDict out(batch, first.device());
+  first.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    for (std::size_t k = 0; k < tds.size(); ++k) {
+      if (!tds[k].contains(path) || !tds[k].is_leaf(path))
+        throw key_error(std::string(op) + ": the leaf " + to_string(path) + " is in TensorDict 0 but not in TensorDict " +
+                        std::to_string(k));
+      parts[k] = tds[k].get(path);
+      if (parts[k].scalar_type() != t.scalar_type())
+        throw dtype_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) + " in TensorDict 0 but " +
+                          describe(parts[k]) + " in TensorDict " + std::to_string(k));
+    }
+    out.set(path, join(parts));
+  });
+  for (std::size_t k = 1; k < tds.size(); ++k)
+    if (tds[k].leaf_count() != first.leaf_count())
+      throw key_error(std::string(op) + ": TensorDict " + std::to_string(k) + " has " + std::to_string(tds[k].leaf_count()) +
+                      " leaves but TensorDict 0 has " + std::to_string(first.leaf_count()));
+  return out;
+}
+}  // namespace detail
+
+// Stacks TensorDicts with the same keys along a new batch dim.
+inline AnyTensorDict stack(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0) {
+  if (tds.empty()) throw shape_error("tensordict::stack: needs at least one TensorDict");
+  const auto nb = static_cast<std::int64_t>(tds[0].batch_dims());
+  if (dim < -(nb + 1) || dim > nb)
+    throw index_error("tensordict::stack: dim " + std::to_string(dim) + " is out of range for batch_size=" +
+                      format_sizes(tds[0].batch_size()));
+  if (dim < 0) dim += nb + 1;
+  for (std::size_t k = 1; k < tds.size(); ++k)
+    if (tds[k].batch_size() != tds[0].batch_size())
+      throw shape_error("tensordict::stack: TensorDict 0 has batch_size=" + format_sizes(tds[0].batch_size()) +
+                        " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(tds[k].batch_size()));
+  std::vector<std::int64_t> batch(tds[0].batch_size().begin(), tds[0].batch_size().end());
+  batch.insert(batch.begin() + dim, static_cast<std::int64_t>(tds.size()));
+  return detail::join_tensordicts(tds, "tensordict::stack", batch, [&](const std::vector<at::Tensor>& parts) {
+    for (std::size_t k = 1; k < parts.size(); ++k)
+      if (parts[k].sizes() != parts[0].sizes())
+        throw shape_error("tensordict::stack: a leaf is " + describe(parts[0]) + " in TensorDict 0 but " +
+                          describe(parts[k]) + " in TensorDict " + std::to_string(k));
+    return at::stack(parts, dim);
+  });
+}
+inline AnyTensorDict stack(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
+  return stack(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);
+}
+
+// Concatenates TensorDicts with the same keys along an existing batch dim.
+inline AnyTensorDict cat(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0) {
+  if (tds.empty()) throw shape_error("tensordict::cat: needs at least one TensorDict");
+  const auto nb = static_cast<std::int64_t>(tds[0].batch_dims());
+  if (dim < -nb || dim >= nb)
+    throw index_error("tensordict::cat: dim " + std::to_string(dim) + " is out of range for batch_size=" +
+                      format_sizes(tds[0].batch_size()));
+  if (dim < 0) dim += nb;
+  std::vector<std::int64_t> batch(tds[0].batch_size().begin(), tds[0].batch_size().end());
+  batch[dim] = 0;
+  for (std::size_t k = 0; k < tds.size(); ++k) {
+    auto b = tds[k].batch_size();
+    bool same_rest = b.size() == batch.size();
+    for (std::size_t d = 0; same_rest && d < b.size(); ++d) same_rest = d == static_cast<std::size_t>(dim) || b[d] == batch[d];
+    if (!same_rest)
+      throw shape_error("tensordict::cat: TensorDict 0 has batch_size=" + format_sizes(tds[0].batch_size()) +
+                        " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(b));
+    batch[dim] += b[dim];
+  }
+  return detail::join_tensordicts(tds, "tensordict::cat", batch,
+                                  [&](const std::vector<at::Tensor>& parts) { return at::cat(parts, dim); });
+}
+inline AnyTensorDict cat(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
+  return cat(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);
+}
+
+}  // namespace tensordict
