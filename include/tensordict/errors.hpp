@@ -6,7 +6,9 @@
 //   ├── tensordict::dtype_error    a leaf's dtype does not match
 //   ├── tensordict::index_error    an index or dim is out of range for the batch dims
 //   ├── tensordict::value_error    an argument value the reference rejects (its ValueError)
-//   └── tensordict::lock_error     a locked TensorDict was asked to replace a leaf
+//   ├── tensordict::lock_error     a locked TensorDict was asked to replace a leaf
+//   ├── tensordict::file_error     a file cannot be read or written, or is not a torch.save file
+//   └── tensordict::module_error   a dynamic module's type has no known functional form
 //
 // Messages name the operation, the key path, and what was expected against
 // what was found. A call that throws leaves its TensorDict unchanged.
@@ -48,6 +50,16 @@ class value_error : public error {
 };
 
 class lock_error : public error {
+ public:
+  using error::error;
+};
+
+class file_error : public error {
+ public:
+  using error::error;
+};
+
+class module_error : public error {
  public:
   using error::error;
 };

@@ -1,0 +1,47 @@
+#!/usr/bin/python3
+"""Python's torch.load reads what tensordict::save writes.
+
+Usage: check_python_reads.py UNIT_TESTS_BINARY
+Runs the hidden "[.python_interop]" test case to write the files, then loads
+them with torch. Exits 77 (skipped) when this Python has no torch: the test
+suite never needs Python, this check runs where python3-torch is installed.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+except ImportError:
+    print("skipped: this python3 has no torch (apt-get install python3-torch)")
+    sys.exit(77)
+
+
+def value(shape, scale=0.5, dtype=torch.float32):
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.arange(n, dtype=torch.float64) * scale).reshape(shape).to(dtype)
+
+
+with tempfile.TemporaryDirectory() as out:
+    subprocess.run([sys.argv[1], "[.python_interop]"], check=True, env=dict(os.environ, TENSORDICT_OUT=out),
+                   stdout=subprocess.DEVNULL)
+    nested = torch.load(os.path.join(out, "nested.pt"))
+    assert type(nested) is dict, type(nested)
+    assert list(nested) == ["0", "steps", "t", "tied", "one"], list(nested)
+    assert torch.equal(nested["0"]["weight"], value((4, 3)))
+    assert nested["0"]["bias"].dtype == torch.float64 and torch.equal(nested["0"]["bias"], value((4,), 1.0, torch.float64))
+    assert nested["steps"].item() == 7 and nested["steps"].dtype == torch.int64
+    assert torch.equal(nested["t"], value((3, 5)).t()) and nested["t"].stride() == (1, 5)
+    assert nested["tied"].data_ptr() == nested["0"]["weight"].data_ptr(), "shared storage is kept"
+    assert torch.equal(nested["one"]["entry"], value((2,)))
+
+    flat = torch.load(os.path.join(out, "flat.pt"))
+    assert list(flat) == ["0.weight", "0.bias", "steps", "t", "tied", "one.entry"], list(flat)
+    # A flat file is a state_dict: a Linear(3, 4) takes the "0." entries.
+    linear = torch.nn.Linear(3, 4)
+    linear.load_state_dict({"weight": flat["0.weight"], "bias": flat["0.bias"].float()})
+    assert torch.equal(linear.weight.detach(), value((4, 3)))
+print("torch", torch.__version__, "reads tensordict::save files: nested and flat layouts, dtypes, strides, shared storage")

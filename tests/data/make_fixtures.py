@@ -1,0 +1,59 @@
+#!/usr/bin/python3
+"""Writes the torch.save fixtures that tests/test_files.cpp reads.
+
+Run with Debian's python3-torch (1.13): /usr/bin/python3 tests/data/make_fixtures.py
+The tensors hold values that the C++ tests can compute without Python:
+value(shape, scale) = arange(numel).reshape(shape) * scale.
+"""
+import collections
+import os
+
+import torch
+
+here = os.path.dirname(os.path.abspath(__file__))
+
+
+def value(shape, scale=0.5, dtype=torch.float32):
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.arange(n, dtype=torch.float64) * scale).reshape(shape).to(dtype)
+
+
+def save(obj, name, **kwargs):
+    torch.save(obj, os.path.join(here, name), **kwargs)
+
+
+def model():
+    # Sequential(Linear(3, 4), ReLU(), Linear(4, 2)) with known values.
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with torch.no_grad():
+        for scale, p in enumerate(net.parameters(), start=1):
+            p.copy_(value(p.shape, 0.1 * scale))
+    return net
+
+
+net = model()
+# An OrderedDict with _metadata: what torch::pickle_load rejects ("Expected GenericDict but got None").
+save(net.state_dict(), "state_dict.pt")
+# A one-entry dict: pickled with SETITEM, which torch::pickle_load rejects ("Unknown opcode 0x73").
+save({"weight": value((2, 3))}, "one_entry.pt")
+# Nested dicts and several dtypes.
+save({
+    "0": {"weight": value((4, 3)), "bias": value((4,), 1.0, torch.float64)},
+    "counts": {"steps": torch.tensor(7, dtype=torch.int64), "mask": torch.tensor([True, False, True])},
+    "half": value((2, 2), 0.25, torch.float16),
+}, "nested.pt")
+# nn.Parameters (requires_grad) through torch._utils._rebuild_parameter.
+save(dict(net.named_parameters()), "parameters.pt")
+# Tensors that share one storage: a tied weight, a view, a transposed view.
+base = value((3, 4))
+save({"a": base, "tied": base, "row": base[1], "t": base.t()}, "shared.pt")
+# A checkpoint with a value that is not a tensor.
+save({"model": net.state_dict(), "epoch": 3}, "checkpoint.pt")
+# BatchNorm's buffers: an int64 0-dim num_batches_tracked.
+bn = torch.nn.BatchNorm1d(3)
+save(bn.state_dict(), "batchnorm.pt")
+# The legacy format, which the loader refuses with a clear error.
+save({"weight": value((2,))}, "legacy.pt", _use_new_zipfile_serialization=False)
+print("fixtures written to", here)
