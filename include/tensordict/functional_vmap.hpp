@@ -292,11 +292,33 @@ struct batched<torch::nn::DropoutImpl> {
   }
 };
 
-// Parameter-free modules other than Dropout act element-wise or over trailing
-// dims, the same way for every set.
+// Modules that take dims (Softmax(dim=1), Flatten(1, -1)): on a mapped value
+// a dim counted from the front moves past the sets dim.
+namespace detail {
+inline std::int64_t past_sets(std::int64_t dim, bool mapped) { return mapped && dim >= 0 ? dim + 1 : dim; }
+}  // namespace detail
+
+template <class Impl>
+  requires std::is_same_v<Impl, torch::nn::SoftmaxImpl> || std::is_same_v<Impl, torch::nn::LogSoftmaxImpl> ||
+           std::is_same_v<Impl, torch::nn::FlattenImpl>
+struct batched<Impl> {
+  static constexpr bool is_batched = true;
+  static stacked forward(Impl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context&) {
+    if constexpr (std::is_same_v<Impl, torch::nn::FlattenImpl>)
+      return {x.value.flatten(detail::past_sets(m.options.start_dim(), x.mapped), detail::past_sets(m.options.end_dim(), x.mapped)),
+              x.mapped};
+    else if constexpr (std::is_same_v<Impl, torch::nn::SoftmaxImpl>)
+      return {x.value.softmax(detail::past_sets(m.options.dim(), x.mapped)), x.mapped};
+    else
+      return {x.value.log_softmax(detail::past_sets(m.options.dim(), x.mapped)), x.mapped};
+  }
+};
+
+// The other parameter-free modules act element-wise, the same way for every set.
 template <class Impl>
   requires(schema_of<Impl>::leaf_count == 0 && !std::is_same_v<Impl, torch::nn::DropoutImpl> &&
-           !requires { typename Impl::is_sequential; })
+           !std::is_same_v<Impl, torch::nn::SoftmaxImpl> && !std::is_same_v<Impl, torch::nn::LogSoftmaxImpl> &&
+           !std::is_same_v<Impl, torch::nn::FlattenImpl> && !requires { typename Impl::is_sequential; })
 struct batched<Impl> {
   static constexpr bool is_batched = true;
   static stacked forward(Impl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context&) {
@@ -357,8 +379,8 @@ namespace detail {
 using ::tensordict::detail::is_tensor_v;
 
 // Flattens params' batch dims into one sets dim.
-template <class S>
-TensorDict<S> flatten_sets(const TensorDict<S>& params, std::int64_t sets) {
+template <class TD>
+TD flatten_sets(const TD& params, std::int64_t sets) {
   const auto nb = static_cast<std::int64_t>(params.batch_dims());
   if (nb == 1) return params;
   return params.apply(
@@ -387,54 +409,21 @@ Out unflatten_sets(const Out& out, c10::IntArrayRef batch) {
 }
 }  // namespace detail
 
-// See the top of this header. Method = nullptr calls forward; otherwise a
-// member function pointer of the module type, e.g. functional_vmap<&NetImpl::encode>(...).
-template <auto Method = nullptr, class Module, class S, class Args = std::tuple<>, class Kwargs = kwargs_t<>,
-          class InDims = in_dims_t<>>
-auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {}, Kwargs kwargs = {},
-                     InDims in_dims = {}, functional_vmap_options options = {}) {
-  using Impl = impl_of_t<Module>;
-  Impl& impl = ::tensordict::detail::impl_ref(module);
-
-  // in_dims may only name kwargs: known at compile time.
-  std::array<in_dim, std::tuple_size_v<decltype(kwargs.values)>> kwarg_dims{};
-  std::apply(
-      [&](const auto&... dims) {
-        (
-            [&](const auto& d) {
-              using D = std::remove_cvref_t<decltype(d)>;
-              constexpr std::size_t at = ::tensordict::detail::find_name(Kwargs::names, D::name.view());
-              if constexpr (at == npos)
-                ::tensordict::compile_error::report<compile_error::in_dims_names_no_kwarg<D::name, Kwargs>>();
-              else
-                kwarg_dims[at] = d.dim;
-            }(dims),
-            ...);
-      },
-      in_dims.dims);
-
+namespace detail {
+// What functional_vmap does once the inputs are known: params (in the
+// module's own form), the inputs with the dims that map them, call_one(p,
+// inputs...) for one set or under vmap, and lowered(p, stacked input, ctx)
+// giving the batched form's result (std::nullopt when there is none).
+template <class Params, class Inputs, std::size_t N, class CallOne, class Lowered>
+auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<in_dim, N> dims, bool any_mapped,
+                         const functional_vmap_options& options, CallOne& call_one, Lowered& lowered) {
+  constexpr std::size_t n_inputs = std::tuple_size_v<Inputs>;
+  static_assert(n_inputs == N);
   const c10::IntArrayRef batch = params.batch_size();
-  const bool any_mapped = std::tuple_size_v<decltype(in_dims.dims)> > 0;
-  auto inputs = std::tuple_cat(args, std::apply([](const auto&... kw) { return std::make_tuple(kw.value...); }, kwargs.values));
-  constexpr std::size_t n_args = std::tuple_size_v<Args>;
-  constexpr std::size_t n_inputs = std::tuple_size_v<decltype(inputs)>;
-  std::array<in_dim, n_inputs> dims{};
-  for (std::size_t k = 0; k < kwarg_dims.size(); ++k) dims[n_args + k] = kwarg_dims[k];
-
-  auto call_one = [&impl](const TensorDict<schema_of<Impl>>& p, const auto&... in) {
-    if constexpr (std::is_same_v<decltype(Method), std::nullptr_t>) {
-      return functional_call(impl, p, in...);
-    } else {
-      auto swap = to_module(p, impl);
-      return (impl.*Method)(in...);
-    }
-  };
-
   if (batch.empty()) {
     if (any_mapped)
       throw value_error("functional_vmap: in_dims maps inputs, but params has no batch dim (batch_size=[]) to map over");
-    decltype(auto) p = ::tensordict::detail::as_module_params<Impl>(params);
-    return std::apply([&](const auto&... in) { return call_one(p, in...); }, inputs);
+    return std::apply([&](const auto&... in) { return call_one(params, in...); }, inputs);
   }
   if (options.loop && options.randomness == tensordict::randomness::same)
     throw value_error("functional_vmap: loop=true cannot give every set the same randomness; use randomness \"different\"");
@@ -446,7 +435,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
   // Mapped inputs: check params' batch sizes at their dim, then flatten them into one dim.
   auto prepare = [&](const auto& in, const in_dim& d) {
     using T = std::remove_cvref_t<decltype(in)>;
-    if constexpr (detail::is_tensor_v<T>) {
+    if constexpr (is_tensor_v<T>) {
       if (!d) return in;
       const std::int64_t dim = *d < 0 ? *d + in.dim() : *d;
       if (dim < 0 || dim + nb > in.dim() || in.sizes().slice(dim, nb) != batch)
@@ -465,7 +454,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
   }(std::make_index_sequence<n_inputs>{});
   for (auto& d : dims)
     if (d) d = 0;
-  auto flat_params = detail::flatten_sets(::tensordict::detail::as_module_params<Impl>(params), sets);
+  auto flat_params = flatten_sets(params, sets);
 
   // One chunk of sets [start, start + length).
   auto run = [&](std::int64_t start, std::int64_t length) {
@@ -481,7 +470,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
         auto one = p[i];
         auto picked = [&]<std::size_t... I>(std::index_sequence<I...>) {
           return std::make_tuple([&](const auto& in, const in_dim& d) {
-            if constexpr (detail::is_tensor_v<std::remove_cvref_t<decltype(in)>>)
+            if constexpr (is_tensor_v<std::remove_cvref_t<decltype(in)>>)
               return d ? at::Tensor(in[i]) : at::Tensor(in);
             else
               return in;
@@ -494,11 +483,11 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
       else
         static_assert(std::is_same_v<Out, at::Tensor>, "functional_vmap: loop=true stacks tensor outputs.");
     } else {
-      if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && n_inputs == 1 && has_batched_form<Impl>) {
-        if constexpr (detail::is_tensor_v<std::tuple_element_t<0, decltype(chunk_inputs)>>) {
+      if constexpr (n_inputs == 1 && std::is_same_v<Out, at::Tensor>) {
+        if constexpr (is_tensor_v<std::tuple_element_t<0, decltype(chunk_inputs)>>) {
           const batch_context ctx{length, options.randomness};
-          stacked out = call_stacked(impl, p, stacked{std::get<0>(chunk_inputs), dims[0].has_value()}, ctx);
-          return Out(nn::detail::expand_sets(out, length));
+          std::optional<stacked> out = lowered(p, stacked{std::get<0>(chunk_inputs), dims[0].has_value()}, ctx);
+          if (out) return Out(expand_sets(*out, length));
         }
       }
       std::vector<in_dim> vmap_dims{0};
@@ -510,8 +499,70 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
 
   const std::int64_t chunk = options.chunk_size.value_or(sets);
   if (chunk <= 0) throw value_error("functional_vmap: chunk_size must be positive, got " + std::to_string(chunk));
-  if (chunk >= sets) return detail::unflatten_sets(run(0, sets), batch);
-  return detail::unflatten_sets(::tensordict::detail::run_chunks(sets, chunk, options.randomness, run), batch);
+  if (chunk >= sets) return unflatten_sets(run(0, sets), batch);
+  return unflatten_sets(::tensordict::detail::run_chunks(sets, chunk, options.randomness, run), batch);
+}
+
+// args then kwargs as one tuple, and the dim of each (args are never mapped).
+template <class Args, class Kwargs, std::size_t NKw>
+auto gather_inputs(const Args& args, const Kwargs& kwargs, const std::array<in_dim, NKw>& kwarg_dims) {
+  auto inputs = std::tuple_cat(args, std::apply([](const auto&... kw) { return std::make_tuple(kw.value...); }, kwargs.values));
+  constexpr std::size_t n_args = std::tuple_size_v<Args>;
+  std::array<in_dim, std::tuple_size_v<decltype(inputs)>> dims{};
+  for (std::size_t k = 0; k < NKw; ++k) dims[n_args + k] = kwarg_dims[k];
+  return std::make_pair(std::move(inputs), dims);
+}
+
+// The dims that in_dims gives each kwarg; in_dims may only name kwargs: known at compile time.
+template <class Kwargs, class InDims>
+auto kwarg_dims_of(const InDims& in_dims) {
+  std::array<in_dim, std::tuple_size_v<decltype(Kwargs{}.values)>> kwarg_dims{};
+  std::apply(
+      [&](const auto&... dims) {
+        (
+            [&](const auto& d) {
+              using D = std::remove_cvref_t<decltype(d)>;
+              constexpr std::size_t at = ::tensordict::detail::find_name(Kwargs::names, D::name.view());
+              if constexpr (at == npos)
+                ::tensordict::compile_error::report<compile_error::in_dims_names_no_kwarg<D::name, Kwargs>>();
+              else
+                kwarg_dims[at] = d.dim;
+            }(dims),
+            ...);
+      },
+      in_dims.dims);
+  return kwarg_dims;
+}
+}  // namespace detail
+
+// See the top of this header. Method = nullptr calls forward; otherwise a
+// member function pointer of the module type, e.g. functional_vmap<&NetImpl::encode>(...).
+template <auto Method = nullptr, class Module, class S, class Args = std::tuple<>, class Kwargs = kwargs_t<>,
+          class InDims = in_dims_t<>>
+auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {}, Kwargs kwargs = {},
+                     InDims in_dims = {}, functional_vmap_options options = {}) {
+  using Impl = impl_of_t<Module>;
+  Impl& impl = ::tensordict::detail::impl_ref(module);
+  const auto kwarg_dims = detail::kwarg_dims_of<Kwargs>(in_dims);
+  auto [inputs, dims] = detail::gather_inputs(args, kwargs, kwarg_dims);
+
+  auto call_one = [&impl](const TensorDict<schema_of<Impl>>& p, const auto&... in) {
+    if constexpr (std::is_same_v<decltype(Method), std::nullptr_t>) {
+      return functional_call(impl, p, in...);
+    } else {
+      auto swap = to_module(p, impl);
+      return (impl.*Method)(in...);
+    }
+  };
+  auto lowered = [&impl](const TensorDict<schema_of<Impl>>& p, const stacked& x,
+                         const batch_context& ctx) -> std::optional<stacked> {
+    if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && has_batched_form<Impl>)
+      return call_stacked(impl, p, x, ctx);
+    else
+      return std::nullopt;
+  };
+  return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims,
+                                     std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered);
 }
 
 }  // namespace nn
