@@ -117,6 +117,7 @@ void check_registry_matches_schema(const Impl& m) {
 // holding the module's own tensors (same TensorImpl). Unset leaves stand for
 // tensors the module does not have (a Linear built with bias(false)).
 template <class Module>
+  requires(!nn::dynamic_module<Module>)
 TensorDict<nn::schema_of<nn::impl_of_t<Module>>> from_module(Module&& module) {
   using Impl = nn::impl_of_t<Module>;
   auto& impl = detail::impl_ref(module);
@@ -272,6 +273,7 @@ struct from_modules_of_different_types {
 // The modules' parameters stacked along a new leading dim (batch_size [N]).
 // The leaves are new tensors: gradients reach them, not the modules' own.
 template <class Module>
+  requires(!nn::dynamic_module<Module>)
 TensorDict<nn::schema_of<nn::impl_of_t<Module>>> from_modules(const std::vector<Module>& modules) {
   using S = nn::schema_of<nn::impl_of_t<Module>>;
   if (modules.empty()) throw shape_error("tensordict::from_modules: needs at least one module");
@@ -289,7 +291,7 @@ TensorDict<nn::schema_of<nn::impl_of_t<Module>>> from_modules(const std::vector<
 }
 
 template <class First, class... Rest>
-  requires(sizeof...(Rest) > 0)
+  requires(sizeof...(Rest) > 0 && !nn::dynamic_module<First>)
 auto from_modules(const First& first, const Rest&... rest) {
   using F = nn::impl_of_t<First>;
   using mismatch = typename detail::first_mismatch<F, nn::impl_of_t<Rest>...>::type;

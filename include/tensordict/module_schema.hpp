@@ -46,6 +46,16 @@
 // Each name must be the one the module registered. Use it at global scope.
 #define TENSORDICT_MODULE(Type, ...) BOOST_HANA_ADAPT_STRUCT(Type, __VA_ARGS__)
 
+namespace torch::nn {
+class SequentialImpl;
+class Sequential;
+class ModuleListImpl;
+class ModuleList;
+class ModuleDictImpl;
+class ModuleDict;
+class AnyModule;
+}  // namespace torch::nn
+
 namespace tensordict::nn {
 
 // One member of a module type: its key and a stateless getter that returns
@@ -331,6 +341,20 @@ struct module_traits<SequentialImpl<Holders...>> {
 };
 
 // The module type behind a holder, a shared_ptr or a module itself.
+// The types whose structure is only known at run time: their functional
+// calls take an AnyTensorDict (dynamic_modules.hpp), not a typed one.
+template <class M>
+inline constexpr bool is_dynamic_module_v =
+    std::is_same_v<M, torch::nn::Module> || std::is_same_v<M, torch::nn::SequentialImpl> ||
+    std::is_same_v<M, torch::nn::Sequential> || std::is_same_v<M, torch::nn::ModuleListImpl> ||
+    std::is_same_v<M, torch::nn::ModuleList> || std::is_same_v<M, torch::nn::ModuleDictImpl> ||
+    std::is_same_v<M, torch::nn::ModuleDict> || std::is_same_v<M, torch::nn::AnyModule>;
+template <class T>
+inline constexpr bool is_dynamic_module_v<std::shared_ptr<T>> = is_dynamic_module_v<T>;
+
+template <class M>
+concept dynamic_module = is_dynamic_module_v<std::remove_cvref_t<M>>;
+
 template <class M>
 struct impl_of {
   using type = M;

@@ -2,7 +2,10 @@
 // when compile time matters (keys.hpp and schema.hpp need no libtorch).
 #pragma once
 
+#include "any_tensordict.hpp"
+#include "dynamic_modules.hpp"
 #include "errors.hpp"
+#include "files.hpp"
 #include "functional.hpp"
 #include "functional_vmap.hpp"
 #include "keys.hpp"

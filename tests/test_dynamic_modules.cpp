@@ -1,0 +1,312 @@
+#include "catch_torch.hpp"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+
+#include <tensordict/dynamic_modules.hpp>
+
+using namespace tensordict;
+using Catch::Matchers::Contains;
+
+// A user module that owns a tensor: known once registered.
+struct ScaleImpl : torch::nn::Module {
+  at::Tensor scale;
+  ScaleImpl() { scale = register_parameter("scale", at::full({1}, 2.0)); }
+  at::Tensor forward(const at::Tensor& x) { return x * scale; }
+};
+TORCH_MODULE(Scale);
+TENSORDICT_MODULE(ScaleImpl, scale);
+
+// The same, never registered.
+struct UnregisteredImpl : torch::nn::Module {
+  at::Tensor shift;
+  UnregisteredImpl() { shift = register_parameter("shift", at::zeros({1})); }
+  at::Tensor forward(const at::Tensor& x) { return x + shift; }
+};
+TORCH_MODULE(Unregistered);
+TENSORDICT_MODULE(UnregisteredImpl, shift);
+
+// Registered with a functional form given at run time.
+struct OffsetImpl : torch::nn::Module {
+  at::Tensor offset;
+  OffsetImpl() { offset = register_parameter("offset", at::zeros({3})); }
+  at::Tensor forward(const at::Tensor& x) { return x + offset; }
+};
+TORCH_MODULE(Offset);
+TENSORDICT_MODULE(OffsetImpl, offset);
+
+// A user container without tensors of its own, over a ModuleList.
+struct BlockImpl : torch::nn::Module {
+  torch::nn::ModuleList layers;
+  BlockImpl() : layers(register_module("layers", torch::nn::ModuleList(torch::nn::Linear(3, 3), torch::nn::Linear(3, 3)))) {}
+  at::Tensor forward(at::Tensor x) {
+    for (const auto& layer : *layers) x = layer->as<torch::nn::Linear>()->forward(x).relu();
+    return x;
+  }
+};
+TORCH_MODULE(Block);
+
+// A tensor-free user activation: its type is unknown, and it needs not be.
+struct SquareImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) { return x * x; }
+};
+TORCH_MODULE(Square);
+
+namespace {
+const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+torch::nn::Sequential make_mlp() {
+  return torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+}
+
+AnyTensorDict randn_like(const AnyTensorDict& td) {
+  return td.apply([](const at::Tensor& t) { return at::randn(t.sizes()); });
+}
+}  // namespace
+
+TEST_CASE("dynamic from_module: a Sequential's own tensors, children without tensors left out", "[dynamic_modules]") {
+  auto net = make_mlp();
+  auto params = from_module(net);
+  CHECK(params.keys() == std::vector<any_key_path>{{"0", "weight"}, {"0", "bias"}, {"2", "weight"}, {"2", "bias"}});
+  CHECK(impl(params.get("0", "weight")) == impl(net[0]->as<torch::nn::Linear>()->weight));
+  CHECK(params.get("2", "weight").requires_grad());
+
+  torch::nn::Sequential with_bn(torch::nn::Linear(torch::nn::LinearOptions(3, 4).bias(false)), torch::nn::BatchNorm1d(4));
+  auto bn = from_module(with_bn);
+  CHECK(bn.keys() == std::vector<any_key_path>{{"0", "weight"}, {"1", "weight"}, {"1", "bias"}, {"1", "running_mean"},
+                                               {"1", "running_var"}, {"1", "num_batches_tracked"}});
+}
+
+TEST_CASE("dynamic from_module: ModuleList, ModuleDict, AnyModule, a base-class reference", "[dynamic_modules]") {
+  torch::nn::ModuleList list(torch::nn::Linear(2, 2), torch::nn::ReLU(), Scale());
+  CHECK(from_module(list).keys() == std::vector<any_key_path>{{"0", "weight"}, {"0", "bias"}, {"2", "scale"}});
+
+  torch::nn::ModuleDict dict(torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>(
+      {{"encoder", torch::nn::Linear(2, 3).ptr()}, {"head", torch::nn::Linear(3, 1).ptr()}}));
+  CHECK(from_module(dict).keys() ==
+        std::vector<any_key_path>{{"encoder", "weight"}, {"encoder", "bias"}, {"head", "weight"}, {"head", "bias"}});
+
+  torch::nn::AnyModule any(torch::nn::Linear(2, 3));
+  CHECK(from_module(any).names() == std::vector<std::string>{"weight", "bias"});
+
+  Block block;
+  auto params = from_module(static_cast<torch::nn::Module&>(*block));
+  CHECK(params.keys().size() == 4);
+  CHECK(params.contains("layers", "1", "bias"));
+  std::shared_ptr<torch::nn::Module> base = block.ptr();
+  CHECK(from_module(base).leaf_count() == 4);
+}
+
+TEST_CASE("dynamic to_module: the forward computes with the new tensors until the guard dies", "[dynamic_modules]") {
+  auto net = make_mlp();
+  auto x = at::randn({5, 3});
+  const at::Tensor before = net->forward(x);
+  auto originals = from_module(net);
+  auto other = randn_like(originals);
+  const at::Tensor w0 = net[0]->as<torch::nn::Linear>()->weight;
+  {
+    auto swap = to_module(other, net);
+    CHECK(impl(net[0]->as<torch::nn::Linear>()->weight) == impl(other.get("0", "weight")));
+    CHECK(impl(net->named_parameters()["2.bias"]) == impl(other.get("2", "bias")));
+    CHECK_FALSE(at::allclose(net->forward(x), before));
+  }
+  CHECK(impl(net[0]->as<torch::nn::Linear>()->weight) == impl(w0));
+  CHECK(impl(net->named_parameters()["0.weight"]) == impl(w0));
+  CHECK(net->forward(x).equal(before));
+
+  // Also when the scope ends with an exception.
+  try {
+    auto swap = to_module(other, net);
+    throw std::runtime_error("boom");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(impl(net[0]->as<torch::nn::Linear>()->weight) == impl(w0));
+
+  // release() keeps the swap and returns the originals; flat (state-dict) keys work too.
+  auto kept = to_module(other.flatten_keys(), net).release();
+  CHECK(impl(net[2]->as<torch::nn::Linear>()->bias) == impl(other.get("2", "bias")));
+  CHECK(impl(kept.get("0", "weight")) == impl(w0));
+  auto back = to_module(kept, net).release();
+  CHECK(impl(net[0]->as<torch::nn::Linear>()->weight) == impl(w0));
+}
+
+TEST_CASE("dynamic to_module: errors name the path, and nothing changes", "[dynamic_modules]") {
+  auto net = make_mlp();
+  const at::Tensor w0 = net[0]->as<torch::nn::Linear>()->weight;
+  AnyTensorDict bad;
+  bad.set("0", "weight", at::zeros({8, 3}));
+  bad.set("3", "weight", at::zeros({8, 3}));
+  CHECK_THROWS_AS(to_module(bad, net), key_error);
+  CHECK_THROWS_WITH(to_module(bad, net),
+                    Contains("(\"3\", \"weight\")") && Contains("has no child \"3\"; its children are \"0\", \"1\", \"2\""));
+  CHECK(impl(net[0]->as<torch::nn::Linear>()->weight) == impl(w0));
+
+  AnyTensorDict typo;
+  typo.set("2", "wieght", at::zeros({2, 8}));
+  CHECK_THROWS_WITH(to_module(typo, net), Contains("has no tensor \"wieght\"; its tensors are \"weight\", \"bias\""));
+  AnyTensorDict shape;
+  shape.set("0", "weight", at::zeros({8, 4}));
+  CHECK_THROWS_AS(to_module(shape, net), shape_error);
+  CHECK_THROWS_WITH(to_module(shape, net), Contains("(\"0\", \"weight\") is f32[8,4], but the module's tensor is f32[8,3]"));
+
+  torch::nn::Sequential user(torch::nn::Linear(1, 1), Unregistered());
+  AnyTensorDict p = from_module(user).clone();
+  CHECK_THROWS_AS(to_module(p, user), module_error);
+  CHECK_THROWS_WITH(to_module(p, user), Contains("(\"1\", \"shift\") belongs to \"1\", a UnregisteredImpl") &&
+                                            Contains("register_module_type<UnregisteredImpl>()"));
+  CHECK(impl(user[0]->as<torch::nn::Linear>()->weight) != impl(p.get("0", "weight")));
+}
+
+TEST_CASE("dynamic functional_call: a Sequential with built-in and registered modules", "[dynamic_modules]") {
+  nn::register_module_type<ScaleImpl>();
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::Tanh(), Scale(), Square(), torch::nn::Linear(4, 2));
+  auto x = at::randn({6, 3});
+  auto params = from_module(net);
+  auto other = randn_like(params).apply([](const at::Tensor& t) { return t.requires_grad_(); });
+
+  at::Tensor expected;
+  {
+    auto swap = to_module(other, net);
+    expected = net->forward(x);
+  }
+  const auto before = from_module(net);
+  at::Tensor y = functional_call(net, other, x);
+  CHECK(at::allclose(y, expected));
+  for (const auto& [path, t] : before.items()) CHECK(impl(from_module(net).get(path)) == impl(t));  // untouched
+
+  y.sum().backward();
+  CHECK(other.get("2", "scale").grad().defined());
+  CHECK(other.get("0", "weight").grad().defined());
+  CHECK_FALSE(params.get("0", "weight").grad().defined());
+
+  // Partial params: the module's own tensors for the rest, as Python's functional_call.
+  AnyTensorDict partial;
+  partial.set("4", "weight", other.get("4", "weight"));
+  at::Tensor mixed;
+  {
+    auto swap = to_module(partial, net);
+    mixed = net->forward(x);
+  }
+  CHECK(at::allclose(functional_call(net, partial, x), mixed));
+  CHECK(at::allclose(functional_call(net, other.flatten_keys(), x), expected));
+
+  // An AnyModule holding a Linear.
+  torch::nn::AnyModule any(torch::nn::Linear(3, 2));
+  auto any_params = randn_like(from_module(any));
+  CHECK(at::allclose(functional_call(any, any_params, x), at::linear(x, any_params.get("weight"), any_params.get("bias"))));
+}
+
+TEST_CASE("dynamic functional_call: a user container is swapped for the call; unknown owners throw", "[dynamic_modules]") {
+  torch::nn::Sequential net(Block(), torch::nn::Linear(3, 1));
+  auto x = at::randn({4, 3});
+  auto params = randn_like(from_module(net));
+  at::Tensor expected;
+  {
+    auto swap = to_module(params, net);
+    expected = net->forward(x);
+  }
+  const at::Tensor w = from_module(net).get("0", "layers", "0", "weight");
+  CHECK(at::allclose(functional_call(net, params, x), expected));
+  CHECK(impl(from_module(net).get("0", "layers", "0", "weight")) == impl(w));
+
+  Block block;
+  auto block_params = randn_like(from_module(static_cast<torch::nn::Module&>(*block)));
+  at::Tensor direct;
+  {
+    auto swap = to_module(block_params, block);
+    direct = block->forward(x);
+  }
+  CHECK(at::allclose(functional_call(block, block_params, x), direct));
+
+  torch::nn::Sequential unknown{Unregistered()};
+  CHECK_THROWS_AS(functional_call(unknown, from_module(unknown).clone(), x), module_error);
+}
+
+TEST_CASE("dynamic functional_call: a functional form registered at run time", "[dynamic_modules]") {
+  int calls = 0;
+  nn::register_module_type<OffsetImpl>([&calls](OffsetImpl&, const AnyTensorDict& p, const at::Tensor& x) {
+    ++calls;
+    return x + p.get("offset");
+  });
+  torch::nn::Sequential net(torch::nn::Linear(3, 3), Offset());
+  auto params = randn_like(from_module(net));
+  auto x = at::randn({2, 3});
+  at::Tensor y = functional_call(net, params, x);
+  CHECK(calls == 1);
+  CHECK(at::allclose(y, at::linear(x, params.get("0", "weight"), params.get("0", "bias")) + params.get("1", "offset")));
+  nn::register_module_type<OffsetImpl>();  // back to the schema alone: swapped for the call
+}
+
+TEST_CASE("dynamic from_modules: stacked new leaves", "[dynamic_modules]") {
+  std::vector<torch::nn::Sequential> nets{make_mlp(), make_mlp(), make_mlp()};
+  auto stacked = from_modules(nets);
+  CHECK(stacked.batch_size() == c10::IntArrayRef{3});
+  CHECK(stacked.get("2", "weight").sizes() == c10::IntArrayRef{3, 2, 8});
+  CHECK(stacked.get("0", "bias")[1].equal(nets[1][0]->as<torch::nn::Linear>()->bias));
+  CHECK(stacked.get("0", "weight").is_leaf());
+  CHECK(stacked.get("0", "weight").requires_grad());
+  std::vector<torch::nn::Sequential> different{make_mlp(), torch::nn::Sequential(torch::nn::Linear(3, 8))};
+  CHECK_THROWS_AS(from_modules(different), key_error);
+}
+
+TEST_CASE("dynamic functional_vmap: lowered, vmapped and looped agree", "[dynamic_modules]") {
+  std::vector<torch::nn::Sequential> nets;
+  for (int i = 0; i < 4; ++i) nets.push_back(make_mlp());
+  auto stacked = from_modules(nets);
+  auto x = at::randn({5, 3});
+  at::Tensor lowered = nn::functional_vmap(nets[0], stacked, nn::args(x));
+  at::Tensor looped = nn::functional_vmap(nets[0], stacked, nn::args(x), {}, {}, {.loop = true});
+  at::Tensor chunked = nn::functional_vmap(nets[0], stacked, nn::args(x), {}, {}, {.chunk_size = 3});
+  REQUIRE(lowered.sizes() == c10::IntArrayRef{4, 5, 2});
+  for (int i = 0; i < 4; ++i) CHECK(at::allclose(lowered[i], nets[i]->forward(x), 1e-5, 1e-6));
+  CHECK(at::allclose(looped, lowered, 1e-5, 1e-6));
+  CHECK(at::allclose(chunked, lowered, 1e-5, 1e-6));
+  CHECK(nn::detail::dynamic_lowered(*nets[0], stacked, {x, false}, {4, randomness::error}).has_value());
+
+  // Modules that take dims see them past the sets dim when lowered.
+  std::vector<torch::nn::Sequential> dims;
+  for (int i = 0; i < 3; ++i)
+    dims.push_back(torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 3, 3)), torch::nn::Flatten(),
+                                         torch::nn::Linear(12, 4), torch::nn::Softmax(1), torch::nn::LogSoftmax(-1)));
+  auto dims_params = from_modules(dims);
+  auto images = at::randn({5, 2, 4, 4});
+  CHECK(nn::detail::dynamic_lowered(*dims[0], dims_params, {images, false}, {3, randomness::error}).has_value());
+  at::Tensor per_set = nn::functional_vmap(dims[0], dims_params, nn::args(images));
+  for (int i = 0; i < 3; ++i) CHECK(at::allclose(per_set[i], dims[i]->forward(images), 1e-5, 1e-6));
+
+  // A mapped input, and a model with a module of unknown type (no tensors): vmap instead of lowering.
+  auto xs = at::randn({4, 5, 3});
+  at::Tensor mapped = nn::functional_vmap(nets[0], stacked, {}, nn::kwargs(nn::kw<"input">(xs)),
+                                          nn::in_dims(nn::in_dim_of<"input">(0)));
+  for (int i = 0; i < 4; ++i) CHECK(at::allclose(mapped[i], nets[i]->forward(xs[i]), 1e-5, 1e-6));
+
+  std::vector<torch::nn::Sequential> squares;
+  for (int i = 0; i < 3; ++i) squares.push_back(torch::nn::Sequential(torch::nn::Linear(3, 4), Square(), torch::nn::Linear(4, 1)));
+  auto sq = from_modules(squares);
+  at::Tensor y = nn::functional_vmap(squares[0], sq, nn::args(x));
+  for (int i = 0; i < 3; ++i) CHECK(at::allclose(y[i], squares[i]->forward(x), 1e-5, 1e-6));
+
+  // Gradients reach the stacked leaves.
+  y.sum().backward();
+  CHECK(sq.get("0", "weight").grad().defined());
+  CHECK(sq.get("0", "weight").grad().sizes() == c10::IntArrayRef{3, 4, 3});
+
+  // Errors come before any call, naming the path.
+  AnyTensorDict wrong = stacked.clone();
+  wrong.set("0", "weight", at::randn({4, 8, 5}));
+  CHECK_THROWS_WITH(nn::functional_vmap(nets[0], wrong, nn::args(x)),
+                    Contains("(\"0\", \"weight\") is f32[4,8,5], but the module's tensor is f32[8,3] after the 1 batch dim(s)"));
+  torch::nn::Sequential dropout(torch::nn::Linear(3, 3), torch::nn::Dropout(0.5));
+  auto dp = from_modules(std::vector<torch::nn::Sequential>{dropout, dropout});
+  CHECK_THROWS_AS(nn::functional_vmap(dropout, dp, nn::args(x)), value_error);
+}
