@@ -3,6 +3,10 @@
 // rank runs every test case against one shared Gloo process group, so the
 // collectives of a test case meet. Results are checked against references
 // computed locally.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <csignal>
 #include <iostream>
@@ -190,6 +194,34 @@ TEST_CASE("member-sharded training equals a single-process run with the same see
   CHECK_THROWS_AS(dist::gather_shards(at::zeros({members + 1, 2}), *the_group, members), shape_error);
   at::Tensor single = train(all);
   CHECK(at::allclose(gathered, single, 1e-5, 1e-6));
+}
+
+TEST_CASE("a TCPStore rendezvous makes a working group", "[distributed]") {
+  // Rank 0 asks the system for a free port and tells rank 1 through the file-store group.
+  AnyTensorDict port;
+  port.set("port", at::zeros({1}, at::kLong));
+  if (rank() == 0) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+    ::close(fd);
+    port.get("port").fill_(ntohs(address.sin_port));
+  }
+  dist::broadcast(port, *the_group, 0);
+  dist::group_options options;
+  options.rank = rank();
+  options.world_size = world();
+  options.rendezvous = dist::tcp_store{"127.0.0.1", static_cast<std::uint16_t>(port.get("port").item<std::int64_t>())};
+  options.timeout = std::chrono::seconds(20);
+  auto tcp_group = dist::make_process_group(options);
+  auto td = for_rank(rank());
+  dist::all_reduce(td, *tcp_group, c10d::ReduceOp::MIN);
+  CHECK((td == for_rank(0)).all());
+  CHECK_THROWS_AS(dist::make_process_group({.rank = 2, .world_size = 2}), value_error);
 }
 
 TEST_CASE("a rank that dies makes the collective fail with a clear error, without a partial write", "[dies]") {

@@ -37,6 +37,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "detail/format.hpp"
+#include "detail/tensordict_ops.hpp"
 #include "errors.hpp"
 #include "typed_tensordict.hpp"
 
@@ -100,8 +101,13 @@ constexpr bool keys_then_value = [] {
 
 }  // namespace detail
 
-class AnyTensorDict {
+class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
+  using ops = detail::tensordict_ops<AnyTensorDict>;
+  friend ops;
+
  public:
+  using ops::operator==;
+  using ops::operator!=;
   explicit AnyTensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt)
       : root_(std::make_shared<detail::any_root>(
             detail::any_root{std::vector<std::int64_t>(batch_size.begin(), batch_size.end()), device})),
@@ -302,23 +308,8 @@ class AnyTensorDict {
     return *this;
   }
 
-  AnyTensorDict clone() const {
-    return apply([](const at::Tensor& t) { return t.clone(); });
-  }
-  AnyTensorDict detach() const {
-    return apply([](const at::Tensor& t) { return t.detach(); });
-  }
-  AnyTensorDict& zero_() {
-    return apply_([](at::Tensor& t) { t.zero_(); });
-  }
-  AnyTensorDict to(at::ScalarType dtype) const {
-    return apply([&](const at::Tensor& t) { return t.to(dtype); });
-  }
-  AnyTensorDict to(at::Device device) const {
-    AnyTensorDict out = apply([&](const at::Tensor& t) { return t.to(device); });
-    out.root_->device = device;
-    return out;
-  }
+  // clone, detach, zero_, to, comparisons with a scalar, all, any, index,
+  // operator[], unbind and expand come from detail/tensordict_ops.hpp.
 
   // Element-wise comparisons; both sides must have the same keys.
   AnyTensorDict operator==(const AnyTensorDict& other) const {
@@ -327,69 +318,6 @@ class AnyTensorDict {
   AnyTensorDict operator!=(const AnyTensorDict& other) const {
     return compare(other, "!=", [](const at::Tensor& a, const at::Tensor& b) { return a.ne(b); });
   }
-  AnyTensorDict operator==(const at::Scalar& value) const {
-    return apply([&](const at::Tensor& t) { return t.eq(value); });
-  }
-  AnyTensorDict operator!=(const at::Scalar& value) const {
-    return apply([&](const at::Tensor& t) { return t.ne(value); });
-  }
-  bool all() const {
-    bool result = true;
-    for_each_leaf([&](const any_key_path&, const at::Tensor& t) { result = result && t.all().item<bool>(); });
-    return result;
-  }
-  bool any() const {
-    bool result = false;
-    for_each_leaf([&](const any_key_path&, const at::Tensor& t) { result = result || t.any().item<bool>(); });
-    return result;
-  }
-
-  // ---- batch dims -------------------------------------------------------------------
-
-  AnyTensorDict index(c10::ArrayRef<at::indexing::TensorIndex> indices) const {
-    auto batch = detail::batch_indices(indices, batch_dims());
-    auto probe = at::zeros({}, at::kByte).expand(batch_size()).index(batch);
-    return apply([&](const at::Tensor& t) { return t.index(batch); }, probe.sizes());
-  }
-  AnyTensorDict index(std::initializer_list<at::indexing::TensorIndex> indices) const {
-    return index(c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
-  }
-  AnyTensorDict operator[](std::int64_t i) const { return index({at::indexing::TensorIndex(i)}); }
-
-  std::vector<AnyTensorDict> unbind(std::int64_t dim = 0) const {
-    dim = batch_dim(dim, "unbind");
-    std::vector<std::int64_t> rest(batch_size().begin(), batch_size().end());
-    const std::int64_t n = rest[dim];
-    rest.erase(rest.begin() + dim);
-    std::vector<AnyTensorDict> out;
-    out.reserve(n);
-    for (std::int64_t k = 0; k < n; ++k) out.push_back(apply([&](const at::Tensor& t) { return t.select(dim, k); }, rest));
-    return out;
-  }
-
-  // As TensorDict<S>::expand: new dims go in front, -1 keeps a size.
-  AnyTensorDict expand(c10::IntArrayRef shape) const {
-    const std::size_t nb = batch_dims();
-    if (shape.size() < nb)
-      throw shape_error("TensorDict.expand: the shape " + format_sizes(shape) + " has fewer dims than batch_size=" +
-                        format_sizes(batch_size()));
-    std::vector<std::int64_t> target(shape.begin(), shape.end());
-    const std::size_t lead = shape.size() - nb;
-    for (std::size_t d = 0; d < nb; ++d) {
-      if (target[lead + d] == -1) target[lead + d] = batch_size()[d];
-      if (target[lead + d] != batch_size()[d] && batch_size()[d] != 1)
-        throw shape_error("TensorDict.expand: cannot expand batch_size=" + format_sizes(batch_size()) + " to " +
-                          format_sizes(shape));
-    }
-    return apply(
-        [&](const at::Tensor& t) {
-          std::vector<std::int64_t> full = target;
-          full.insert(full.end(), t.sizes().begin() + nb, t.sizes().end());
-          return t.expand(full);
-        },
-        target);
-  }
-
   // ---- keys ---------------------------------------------------------------------------
 
   // The same tensors under joined keys: ("0", "weight") becomes "0.weight".
@@ -482,6 +410,8 @@ class AnyTensorDict {
 
   AnyTensorDict(std::shared_ptr<detail::any_root> root, std::shared_ptr<detail::any_node> node)
       : root_(std::move(root)), node_(std::move(node)) {}
+
+  void set_device_(at::Device device) { root_->device = device; }
 
   template <class... Keys>
   static any_key_path path_of(const Keys&... keys) {
@@ -606,14 +536,6 @@ class AnyTensorDict {
       throw shape_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) +
                         ", but its leading dims must be the batch size " + format_sizes(batch_size()));
     return t;
-  }
-
-  std::int64_t batch_dim(std::int64_t dim, const char* op) const {
-    const auto nb = static_cast<std::int64_t>(batch_dims());
-    if (dim < -nb || dim >= nb)
-      throw index_error(std::string("TensorDict.") + op + ": dim " + std::to_string(dim) +
-                        " is out of range for batch_size=" + format_sizes(batch_size()));
-    return dim < 0 ? dim + nb : dim;
   }
 
   template <class F>

@@ -20,10 +20,11 @@
 //
 // Engine: ProcessGroupGloo (CPU tensors) from libtorch, with libgloo-dev's
 // headers; ProcessGroupNCCL for CUDA tensors when the libtorch build has it.
-// Without Gloo's headers this header is empty but for TENSORDICT_HAS_DISTRIBUTED 0.
+// Without Gloo's headers (or with TENSORDICT_NO_DISTRIBUTED defined) this
+// header is empty but for TENSORDICT_HAS_DISTRIBUTED 0.
 #pragma once
 
-#if __has_include(<gloo/config.h>) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>)
+#if !defined(TENSORDICT_NO_DISTRIBUTED) && __has_include(<gloo/config.h>) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>)
 #define TENSORDICT_HAS_DISTRIBUTED 1
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO  // libtorch's headers declare ProcessGroupGloo only under it

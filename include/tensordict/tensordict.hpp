@@ -3,6 +3,7 @@
 #pragma once
 
 #include "any_tensordict.hpp"
+#include "distributed.hpp"
 #include "dynamic_modules.hpp"
 #include "errors.hpp"
 #include "files.hpp"

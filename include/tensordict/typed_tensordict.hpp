@@ -30,6 +30,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "detail/format.hpp"
+#include "detail/tensordict_ops.hpp"
 #include "errors.hpp"
 #include "keys.hpp"
 #include "schema.hpp"
@@ -67,42 +68,19 @@ inline bool has_batch_prefix(const at::Tensor& t, c10::IntArrayRef batch) {
   return t.sizes().slice(0, batch.size()) == batch;
 }
 
-// Indices that apply to the batch dims only: an Ellipsis stands for the batch
-// dims that the other indices leave, never for a leaf's own dims.
-inline std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayRef<at::indexing::TensorIndex> indices,
-                                                             std::size_t batch_dims) {
-  std::size_t consumed = 0;
-  bool has_ellipsis = false;
-  for (const auto& i : indices) {
-    if (i.is_integer() || i.is_slice()) consumed += 1;
-    else if (i.is_tensor()) consumed += i.tensor().scalar_type() == at::kBool ? i.tensor().dim() : 1;
-    else if (i.is_ellipsis()) has_ellipsis = true;
-  }
-  if (consumed > batch_dims)
-    throw index_error("TensorDict index: " + std::to_string(consumed) + " indices for " + std::to_string(batch_dims) +
-                      " batch dims; a TensorDict is indexed along its batch dims only");
-  std::vector<at::indexing::TensorIndex> out;
-  for (const auto& i : indices) {
-    if (i.is_ellipsis()) {
-      for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
-    } else {
-      out.push_back(i);
-    }
-  }
-  if (!has_ellipsis)
-    for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
-  return out;
-}
-
 }  // namespace detail
 
 enum class print_style { one_line, multiline };
 
 template <schema_type S>
-class TensorDict {
+class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   static_assert(detail::schema_is_valid<S>());
+  using ops = detail::tensordict_ops<TensorDict<S>>;
+  friend ops;
 
  public:
+  using ops::operator==;
+  using ops::operator!=;
   using schema_t = S;
   static constexpr std::size_t leaf_count = S::leaf_count;
 
@@ -249,101 +227,12 @@ class TensorDict {
     return *this;
   }
 
-  TensorDict clone() const {
-    return apply([](const at::Tensor& t) { return t.clone(); });
-  }
-  TensorDict detach() const {
-    return apply([](const at::Tensor& t) { return t.detach(); });
-  }
-  TensorDict& zero_() {
-    return apply_([](at::Tensor& t) { t.zero_(); });
-  }
-  TensorDict to(at::ScalarType dtype) const {
-    return apply([&](const at::Tensor& t) { return t.to(dtype); });
-  }
-  TensorDict to(at::Device device) const {
-    TensorDict out = apply([&](const at::Tensor& t) { return t.to(device); });
-    out.st_->device = device;
-    return out;
-  }
+  // clone, detach, zero_, to, comparisons with a scalar, all, any, index,
+  // operator[], unbind and expand come from detail/tensordict_ops.hpp.
 
   // Element-wise comparisons, as a TensorDict of bool tensors.
   TensorDict operator==(const TensorDict& other) const { return compare(other, "==", [](auto& a, auto& b) { return a.eq(b); }); }
   TensorDict operator!=(const TensorDict& other) const { return compare(other, "!=", [](auto& a, auto& b) { return a.ne(b); }); }
-  TensorDict operator==(const at::Scalar& value) const {
-    return apply([&](const at::Tensor& t) { return t.eq(value); });
-  }
-  TensorDict operator!=(const at::Scalar& value) const {
-    return apply([&](const at::Tensor& t) { return t.ne(value); });
-  }
-
-  // True when every element of every set leaf is true (or non-zero).
-  bool all() const {
-    bool result = true;
-    for_each_set_leaf([&](std::size_t, const at::Tensor& t) { result = result && t.all().template item<bool>(); });
-    return result;
-  }
-  bool any() const {
-    bool result = false;
-    for_each_set_leaf([&](std::size_t, const at::Tensor& t) { result = result || t.any().template item<bool>(); });
-    return result;
-  }
-
-  // ---- batch dims -----------------------------------------------------------
-
-  // Indexing along the batch dims; leaves of the result are views where
-  // libtorch gives views (integers, slices).
-  TensorDict index(c10::ArrayRef<at::indexing::TensorIndex> indices) const {
-    auto batch = detail::batch_indices(indices, batch_dims());
-    // The result's batch size is what the same index does to a tensor of the batch shape.
-    auto probe = at::zeros({}, at::kByte).expand(batch_size()).index(batch);
-    TensorDict out(probe.sizes(), device());
-    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { out.slot(i) = t.index(batch); });
-    return out;
-  }
-  TensorDict index(std::initializer_list<at::indexing::TensorIndex> indices) const {
-    return index(c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
-  }
-  TensorDict operator[](std::int64_t i) const { return index({at::indexing::TensorIndex(i)}); }
-
-  std::vector<TensorDict> unbind(std::int64_t dim = 0) const {
-    dim = batch_dim(dim, "unbind");
-    std::vector<std::int64_t> rest(batch_size().begin(), batch_size().end());
-    const std::int64_t n = rest[dim];
-    rest.erase(rest.begin() + dim);
-    std::vector<TensorDict> out;
-    out.reserve(n);
-    for (std::int64_t k = 0; k < n; ++k) out.emplace_back(rest, device());
-    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
-      auto parts = t.unbind(dim);
-      for (std::int64_t k = 0; k < n; ++k) out[k].slot(i) = parts[k];
-    });
-    return out;
-  }
-
-  // Broadcasts the batch dims to `shape`, as at::Tensor::expand does: new
-  // dims go in front, -1 keeps a size. expand(4) on batch_size [] gives [4].
-  TensorDict expand(c10::IntArrayRef shape) const {
-    const std::size_t nb = batch_dims();
-    if (shape.size() < nb)
-      throw shape_error("TensorDict.expand: the shape " + format_sizes(shape) + " has fewer dims than batch_size=" +
-                        format_sizes(batch_size()));
-    std::vector<std::int64_t> target(shape.begin(), shape.end());
-    const std::size_t lead = shape.size() - nb;
-    for (std::size_t d = 0; d < nb; ++d) {
-      if (target[lead + d] == -1) target[lead + d] = batch_size()[d];
-      if (target[lead + d] != batch_size()[d] && batch_size()[d] != 1)
-        throw shape_error("TensorDict.expand: cannot expand batch_size=" + format_sizes(batch_size()) + " to " +
-                          format_sizes(shape));
-    }
-    TensorDict out(target, device());
-    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
-      std::vector<std::int64_t> full = target;
-      full.insert(full.end(), t.sizes().begin() + nb, t.sizes().end());
-      out.slot(i) = t.expand(full);
-    });
-    return out;
-  }
 
   // ---- keys -------------------------------------------------------------------
 
@@ -412,6 +301,7 @@ class TensorDict {
   }
 
   at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
+  void set_device_(at::Device device) { st_->device = device; }
 
   template <class F>
   void for_each_set_leaf(F&& f) const {
@@ -443,14 +333,6 @@ class TensorDict {
       throw lock_error("TensorDict.set(" + path +
                        "): the TensorDict is locked, so its leaves cannot be replaced. Write into the tensor in place "
                        "(get<...>().copy_(value)) or call unlock_() first.");
-  }
-
-  std::int64_t batch_dim(std::int64_t dim, const char* op) const {
-    const auto nb = static_cast<std::int64_t>(batch_dims());
-    if (dim < -nb || dim >= nb)
-      throw index_error(std::string("TensorDict.") + op + ": dim " + std::to_string(dim) + " is out of range for batch_size=" +
-                        format_sizes(batch_size()));
-    return dim < 0 ? dim + nb : dim;
   }
 
   template <class F>
