@@ -14,6 +14,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <tensordict/dynamic_modules.hpp>
+#include <tensordict/files.hpp>
 
 using namespace tensordict;
 using Catch::Matchers::Contains;
@@ -206,6 +207,20 @@ TEST_CASE("dynamic functional_call: a Sequential with built-in and registered mo
   CHECK(at::allclose(functional_call(any, any_params, x), at::linear(x, any_params.get("weight"), any_params.get("bias"))));
 }
 
+TEST_CASE("dynamic calls take a typed TensorDict of the same keys", "[dynamic_modules]") {
+  auto net = make_mlp();
+  using linear = schema<leaf<"weight">, leaf<"bias">>;
+  using mlp = schema<field<"0", linear>, field<"2", linear>>;
+  auto typed = from_module(net).to_typed<mlp>().detach().clone().zero_();
+  auto x = at::randn({2, 3});
+  CHECK(functional_call(net, typed, x).eq(0).all().item<bool>());
+  {
+    auto swap = to_module(typed, net);
+    CHECK(net->forward(x).eq(0).all().item<bool>());
+  }
+  CHECK_FALSE(net->forward(x).eq(0).all().item<bool>());
+}
+
 TEST_CASE("dynamic functional_call: a user container is swapped for the call; unknown owners throw", "[dynamic_modules]") {
   torch::nn::Sequential net(Block(), torch::nn::Linear(3, 1));
   auto x = at::randn({4, 3});
@@ -309,4 +324,16 @@ TEST_CASE("dynamic functional_vmap: lowered, vmapped and looped agree", "[dynami
   torch::nn::Sequential dropout(torch::nn::Linear(3, 3), torch::nn::Dropout(0.5));
   auto dp = from_modules(std::vector<torch::nn::Sequential>{dropout, dropout});
   CHECK_THROWS_AS(nn::functional_vmap(dropout, dp, nn::args(x)), value_error);
+}
+
+TEST_CASE("dynamic functional_vmap matches Python's functorch.vmap + functional_call", "[dynamic_modules]") {
+  // tests/data/make_fixtures.py: 3 Sequential(Linear(3, 4), Tanh(), Linear(4, 2)), stacked, run on x.
+  auto file = load(std::string(TENSORDICT_TEST_DATA) + "/ensemble_parity.pt");
+  const AnyTensorDict stacked = file.get_tensordict("stacked").apply(
+      [](const at::Tensor& t) { return t; }, {file.get("stacked", "0.weight").size(0)});  // batch_size [3]
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::Tanh(), torch::nn::Linear(4, 2));
+  const at::Tensor y = nn::functional_vmap(net, stacked, nn::args(file.get("x")));  // flat keys, unflattened
+  CHECK(at::allclose(y, file.get("y"), 1e-6, 1e-6));
+  const at::Tensor looped = nn::functional_vmap(net, stacked, nn::args(file.get("x")), {}, {}, {.loop = true});
+  CHECK(at::allclose(looped, file.get("y"), 1e-6, 1e-6));
 }

@@ -233,6 +233,7 @@ decltype(auto) as_module_params(const TensorDict<S>& params) {
 
 // Swaps the TensorDict's tensors into the module until the guard dies.
 template <class Module, class S>
+  requires(!nn::dynamic_module<Module>)  // those take an AnyTensorDict (dynamic_modules.hpp)
 module_swap<nn::impl_of_t<Module>> to_module(const TensorDict<S>& params, Module&& module) {
   using Impl = nn::impl_of_t<Module>;
   return module_swap<Impl>(detail::impl_ref(module), detail::as_module_params<Impl>(params));
@@ -241,6 +242,7 @@ module_swap<nn::impl_of_t<Module>> to_module(const TensorDict<S>& params, Module
 // Copies the TensorDict's values into the module's own tensors (no swap, no
 // gradient tracking): the module keeps its tensors, with new values.
 template <class Module, class S>
+  requires(!nn::dynamic_module<Module>)
 void to_module_(const TensorDict<S>& params, Module&& module) {
   using Impl = nn::impl_of_t<Module>;
   decltype(auto) p = detail::as_module_params<Impl>(params);
@@ -427,6 +429,7 @@ struct functional<Impl> {
 }  // namespace nn
 
 template <class Module, class S, class... Args>
+  requires(!nn::dynamic_module<Module>)
 auto functional_call(Module&& module, const TensorDict<S>& params, Args&&... args);
 
 namespace nn {
@@ -481,6 +484,7 @@ struct functional<SequentialImpl<Holders...>> {
 // so threads may share it. Other modules are swapped with to_module for the
 // call: not thread-safe.
 template <class Module, class S, class... Args>
+  requires(!nn::dynamic_module<Module>)
 auto functional_call(Module&& module, const TensorDict<S>& params, Args&&... args) {
   using Impl = nn::impl_of_t<Module>;
   auto& impl = detail::impl_ref(module);

@@ -57,3 +57,24 @@ save(bn.state_dict(), "batchnorm.pt")
 # The legacy format, which the loader refuses with a clear error.
 save({"weight": value((2,))}, "legacy.pt", _use_new_zipfile_serialization=False)
 print("fixtures written to", here)
+
+# Numeric parity: 3 differently initialised Sequential(Linear(3, 4), Tanh(), Linear(4, 2)) run
+# with functorch.vmap over their stacked parameters (the reference's ensemble recipe).
+import functorch  # noqa: E402
+
+nets = []
+for seed in range(3):
+    torch.manual_seed(seed)
+    nets.append(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)))
+names = [name for name, _ in nets[0].named_parameters()]
+stacked = {name: torch.stack([dict(n.named_parameters())[name].detach() for n in nets]) for name in names}
+torch.manual_seed(10)
+x = torch.randn(5, 3)
+
+
+def call(params, inputs):
+    return torch.nn.utils.stateless.functional_call(nets[0], params, (inputs,))
+
+
+y = functorch.vmap(call, in_dims=(0, None))(stacked, x)
+save({"stacked": stacked, "x": x, "y": y.detach()}, "ensemble_parity.pt")
