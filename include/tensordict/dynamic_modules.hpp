@@ -69,33 +69,45 @@ std::vector<std::pair<std::string, at::Tensor*>> own_members(torch::nn::Module& 
   return out;
 }
 
+namespace compile_error {
+template <class Impl>
+struct registered_type_without_schema {
+  static_assert(::tensordict::compile_error::always_false<Impl>,
+                "tensordict::nn::register_module_type<Impl>(): Impl (named above in "
+                "'registered_type_without_schema<...>') has no schema. Name its members once with "
+                "TENSORDICT_MODULE(Impl, member, ...) at global scope, so that its tensors can be swapped.");
+};
+}  // namespace compile_error
+
 template <class Impl>
 module_kind kind_of() {
-  static_assert(described_module<Impl>,
-                "tensordict::nn::register_module_type<Impl>(): Impl has no schema. Name its members once with "
-                "TENSORDICT_MODULE(Impl, member, ...) at global scope, so that its tensors can be swapped.");
   module_kind kind;
-  kind.type_name = c10::demangle(typeid(Impl).name());
-  kind.members = &own_members<Impl>;
-  using S = schema_of<Impl>;
-  if constexpr (has_functional_form<Impl>) {
-    if constexpr (requires(Impl& m, const TensorDict<S>& p, const at::Tensor& x) {
-                    { functional<Impl>::forward(m, p, x) } -> std::convertible_to<at::Tensor>;
-                  })
-      kind.forward = [](torch::nn::Module& m, const AnyTensorDict& p, const at::Tensor& x) -> at::Tensor {
-        return functional<Impl>::forward(dynamic_cast<Impl&>(m), p.to_typed<S>(), x);
+  if constexpr (!described_module<Impl>) {
+    ::tensordict::compile_error::report<compile_error::registered_type_without_schema<Impl>>();
+    return kind;
+  } else {
+    kind.type_name = c10::demangle(typeid(Impl).name());
+    kind.members = &own_members<Impl>;
+    using S = schema_of<Impl>;
+    if constexpr (has_functional_form<Impl>) {
+      if constexpr (requires(Impl& m, const TensorDict<S>& p, const at::Tensor& x) {
+                      { functional<Impl>::forward(m, p, x) } -> std::convertible_to<at::Tensor>;
+                    })
+        kind.forward = [](torch::nn::Module& m, const AnyTensorDict& p, const at::Tensor& x) -> at::Tensor {
+          return functional<Impl>::forward(dynamic_cast<Impl&>(m), p.to_typed<S>(), x);
+        };
+    }
+    if constexpr (has_batched_form<Impl>) {
+      kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x,
+                        const batch_context& ctx) -> std::optional<stacked> {
+        auto& impl = dynamic_cast<Impl&>(m);
+        if constexpr (requires { batched<Impl>::supports(impl); })
+          if (!batched<Impl>::supports(impl)) return std::nullopt;
+        return batched<Impl>::forward(impl, p.to_typed<S>(), x, ctx);
       };
+    }
+    return kind;
   }
-  if constexpr (has_batched_form<Impl>) {
-    kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x,
-                      const batch_context& ctx) -> std::optional<stacked> {
-      auto& impl = dynamic_cast<Impl&>(m);
-      if constexpr (requires { batched<Impl>::supports(impl); })
-        if (!batched<Impl>::supports(impl)) return std::nullopt;
-      return batched<Impl>::forward(impl, p.to_typed<S>(), x, ctx);
-    };
-  }
-  return kind;
 }
 
 class module_registry {
@@ -487,6 +499,14 @@ inline std::optional<stacked> dynamic_lowered(torch::nn::Module& m, const AnyTen
     if (member->defined() && !params.contains(name)) return std::nullopt;
   return kind->batched(m, params, x, ctx);
 }
+
+template <class Inputs>
+constexpr bool one_tensor() {
+  if constexpr (std::tuple_size_v<Inputs> == 1)
+    return std::is_convertible_v<std::tuple_element_t<0, Inputs>, at::Tensor>;
+  else
+    return false;
+}
 }  // namespace detail
 
 // functional_vmap on a run-time model: params (an AnyTensorDict whose batch
@@ -501,20 +521,24 @@ at::Tensor functional_vmap(M&& module, const AnyTensorDict& params, Args args = 
   if constexpr (std::is_same_v<std::remove_cvref_t<M>, torch::nn::AnyModule>) any = const_cast<torch::nn::AnyModule*>(&module);
   const auto kwarg_dims = detail::kwarg_dims_of<Kwargs>(in_dims);
   auto [inputs, dims] = detail::gather_inputs(args, kwargs, kwarg_dims);
-  static_assert(std::tuple_size_v<decltype(inputs)> == 1,
-                "tensordict::nn::functional_vmap on a run-time model passes one input tensor: args(x), or "
-                "kwargs(kw<\"input\">(x)) with in_dims(in_dim_of<\"input\">(0)).");
-  const AnyTensorDict p = ::tensordict::detail::module_shaped(params);
-  // Check the keys, shapes and dtypes once, against the module, before any call.
-  (void)::tensordict::detail::resolve_targets(m, p, p.batch_dims(), "tensordict::nn::functional_vmap");
-  auto call_one = [&](const AnyTensorDict& one, const at::Tensor& x) {
-    return ::tensordict::detail::dynamic_call(m, any, one, x);
-  };
-  auto lowered = [&](const AnyTensorDict& stacked_params, const stacked& x, const batch_context& ctx) {
-    return detail::dynamic_lowered(m, stacked_params, x, ctx);
-  };
-  return detail::run_functional_vmap(p, inputs, dims, std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one,
-                                     lowered);
+  if constexpr (!detail::one_tensor<decltype(inputs)>()) {
+    static_assert(detail::one_tensor<decltype(inputs)>(),
+                  "tensordict::nn::functional_vmap on a run-time model passes one input tensor: args(x), or "
+                  "kwargs(kw<\"input\">(x)) with in_dims(in_dim_of<\"input\">(0)).");
+    return at::Tensor();
+  } else {
+    const AnyTensorDict p = ::tensordict::detail::module_shaped(params);
+    // Check the keys, shapes and dtypes once, against the module, before any call.
+    (void)::tensordict::detail::resolve_targets(m, p, p.batch_dims(), "tensordict::nn::functional_vmap");
+    auto call_one = [&](const AnyTensorDict& one, const at::Tensor& x) {
+      return ::tensordict::detail::dynamic_call(m, any, one, x);
+    };
+    auto lowered = [&](const AnyTensorDict& stacked_params, const stacked& x, const batch_context& ctx) {
+      return detail::dynamic_lowered(m, stacked_params, x, ctx);
+    };
+    return detail::run_functional_vmap(p, inputs, dims, std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one,
+                                       lowered);
+  }
 }
 
 }  // namespace nn

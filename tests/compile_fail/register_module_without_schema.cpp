@@ -1,0 +1,22 @@
+// Registering a user module type whose members were never named: its tensors could not be swapped.
+// expect: register_module_type<Impl>(): Impl (named above in 'registered_type_without_schema<...>') has no schema
+#include <tensordict/dynamic_modules.hpp>
+
+struct NamedImpl : torch::nn::Module {
+  at::Tensor scale;
+  NamedImpl() { scale = register_parameter("scale", at::ones({1})); }
+};
+TENSORDICT_MODULE(NamedImpl, scale);
+
+struct UnnamedImpl : torch::nn::Module {
+  at::Tensor scale;
+  UnnamedImpl() { scale = register_parameter("scale", at::ones({1})); }
+};
+
+void registration() {
+#ifdef TENSORDICT_COMPILE_FAIL
+  tensordict::nn::register_module_type<UnnamedImpl>();
+#else
+  tensordict::nn::register_module_type<NamedImpl>();
+#endif
+}
