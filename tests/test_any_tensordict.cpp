@@ -1,6 +1,7 @@
 #include <sstream>
 
 #include "catch_torch.hpp"
+#include "test_helpers.hpp"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/full.h>
@@ -13,14 +14,14 @@
 #include <tensordict/vmap.hpp>
 
 using namespace tensordict;
+using test::impl;
+using test::printed;
 using Catch::Matchers::Contains;
 namespace idx = at::indexing;
 
 namespace {
 using linear = schema<leaf<"weight">, leaf<"bias">>;
 using mlp = schema<field<"0", linear>, field<"2", linear>>;
-
-const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
 AnyTensorDict make_mlp(c10::IntArrayRef batch = {}) {
   std::vector<std::int64_t> b(batch.begin(), batch.end());
@@ -37,11 +38,6 @@ AnyTensorDict make_mlp(c10::IntArrayRef batch = {}) {
   return td;
 }
 
-std::string printed(const AnyTensorDict& td) {
-  std::ostringstream os;
-  os << td;
-  return os.str();
-}
 }  // namespace
 
 TEST_CASE("AnyTensorDict: set creates sub-trees, get returns the stored tensor", "[any_tensordict]") {

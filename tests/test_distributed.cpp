@@ -14,6 +14,7 @@
 
 #define CATCH_CONFIG_RUNNER
 #include "catch_torch.hpp"
+#include "test_helpers.hpp"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
@@ -29,6 +30,7 @@
 #include <tensordict/dynamic_modules.hpp>
 
 using namespace tensordict;
+using test::impl;
 namespace dist = tensordict::distributed;
 using Catch::Matchers::Contains;
 
@@ -36,8 +38,6 @@ namespace {
 c10::intrusive_ptr<c10d::ProcessGroup> the_group;
 int rank() { return the_group->getRank(); }
 int world() { return the_group->getSize(); }
-
-const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
 // A nested TensorDict whose values depend on the rank, in three dtypes.
 AnyTensorDict for_rank(int r, std::int64_t batch = 2) {

@@ -1,4 +1,5 @@
 #include "catch_torch.hpp"
+#include "test_helpers.hpp"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
@@ -17,6 +18,7 @@
 #include <tensordict/files.hpp>
 
 using namespace tensordict;
+using test::impl;
 using Catch::Matchers::Contains;
 
 // A user module that owns a tensor: known once registered.
@@ -64,8 +66,6 @@ struct SquareImpl : torch::nn::Module {
 TORCH_MODULE(Square);
 
 namespace {
-const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
-
 torch::nn::Sequential make_mlp() {
   return torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
 }

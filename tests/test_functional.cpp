@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "catch_torch.hpp"
+#include "test_helpers.hpp"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/ones.h>
@@ -13,6 +14,8 @@
 #include <tensordict/functional.hpp>
 
 using namespace tensordict;
+using test::impl;
+using test::printed;
 namespace tdn = tensordict::nn;
 using Catch::Matchers::Contains;
 
@@ -65,13 +68,6 @@ TENSORDICT_MODULE(TwiceImpl, a, b);
 namespace {
 using mlp_t = tdn::Sequential<torch::nn::Linear, torch::nn::ReLU, torch::nn::Linear>;
 mlp_t make_mlp() { return mlp_t(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 1)); }
-
-const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
-
-template <class S>
-std::string printed(const TensorDict<S>& td) {
-  return td.repr();
-}
 
 std::vector<std::string> names_of(const torch::OrderedDict<std::string, at::Tensor>& dict) {
   std::vector<std::string> out;

@@ -1,4 +1,5 @@
 #include "catch_torch.hpp"
+#include "test_helpers.hpp"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/ones.h>
@@ -10,6 +11,7 @@
 #include <tensordict/params.hpp>
 
 using namespace tensordict;
+using test::impl;
 namespace tdn = tensordict::nn;
 using Catch::Matchers::Contains;
 
@@ -30,7 +32,6 @@ std::vector<std::string> names_of(const torch::OrderedDict<std::string, at::Tens
   for (const auto& item : dict) out.push_back(item.key());
   return out;
 }
-const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 }  // namespace
 
 TEST_CASE("named_parameters give the reference's dotted names", "[params]") {

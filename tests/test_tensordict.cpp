@@ -1,6 +1,7 @@
 #include <sstream>
 
 #include "catch_torch.hpp"
+#include "test_helpers.hpp"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/full.h>
@@ -12,6 +13,8 @@
 #include <tensordict/typed_tensordict.hpp>
 
 using namespace tensordict;
+using test::impl;
+using test::printed;
 using Catch::Matchers::Contains;
 namespace idx = at::indexing;
 
@@ -30,14 +33,6 @@ TensorDict<mlp> make_mlp(c10::IntArrayRef batch = {}) {
                          batch);
 }
 
-const c10::TensorImpl* impl(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
-
-template <class S>
-std::string printed(const TensorDict<S>& td) {
-  std::ostringstream os;
-  os << td;
-  return os.str();
-}
 }  // namespace
 
 TEST_CASE("get returns the stored tensor itself", "[tensordict]") {
