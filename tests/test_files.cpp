@@ -67,6 +67,13 @@ TEST_CASE("load: a state_dict() (an OrderedDict, which torch::pickle_load reject
   CHECK(nested.get("2", "bias").sizes() == c10::IntArrayRef{2});
 }
 
+TEST_CASE("load: pickle protocol 4 (torch.save(..., pickle_protocol=4))", "[files]") {
+  auto v4 = load(fixture("state_dict_protocol4.pt"));
+  auto v2 = load(fixture("state_dict.pt"));
+  CHECK(v4.keys() == v2.keys());
+  CHECK((v4 == v2).all());
+}
+
 TEST_CASE("load: a one-entry dict (SETITEM, which torch::pickle_load rejects)", "[files]") {
   auto td = load(fixture("one_entry.pt"));
   CHECK(td.keys() == std::vector<any_key_path>{{"weight"}});

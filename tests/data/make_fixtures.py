@@ -78,3 +78,6 @@ def call(params, inputs):
 
 y = functorch.vmap(call, in_dims=(0, None))(stacked, x)
 save({"stacked": stacked, "x": x, "y": y.detach()}, "ensemble_parity.pt")
+
+# Pickle protocol 4 (FRAME, SHORT_BINUNICODE, MEMOIZE, STACK_GLOBAL), as torch.save(..., pickle_protocol=4) writes.
+save(net.state_dict(), "state_dict_protocol4.pt", pickle_protocol=4)
