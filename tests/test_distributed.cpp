@@ -230,9 +230,9 @@ TEST_CASE("a rank that dies makes the collective fail with a clear error, withou
   const auto before = td.clone();
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(dist::all_reduce(td, *the_group, c10d::ReduceOp::SUM, {.check_structure = false}), distributed_error);
-  CHECK_THROWS_WITH(dist::all_reduce(td, *the_group), Contains("rank 0 of 2") && Contains("The TensorDict is unchanged"));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CHECK(seconds < 20);  // the group's timeout
+  CHECK(seconds < 25);  // at the latest the group's timeout (20 s); at once when the peer's socket closes
+  CHECK_THROWS_WITH(dist::all_reduce(td, *the_group), Contains("rank 0 of 2") && Contains("The TensorDict is unchanged"));
   CHECK((td == before).all());
 }
 
