@@ -54,7 +54,24 @@ inline std::string to_string(c10::ArrayRef<std::string> path) {
   return format_key_path(parts.data(), parts.size());
 }
 
+// The keys of a path joined: ("0", "weight") with "." is "0.weight".
+inline std::string join(c10::ArrayRef<std::string> path, std::string_view separator) {
+  std::string out;
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (i) out += separator;
+    out += path[i];
+  }
+  return out;
+}
+
 namespace detail {
+
+// "bias", "weight": names as error messages list them.
+inline std::string quoted_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "\"" : ", \"") + n + '"';
+  return out;
+}
 
 struct any_node {
   std::vector<std::string> names;
@@ -71,14 +88,40 @@ struct any_node {
   std::size_t size() const { return names.size(); }
   bool is_leaf(std::size_t i) const { return !children[i]; }
 
+  // The three vectors change together, here only. A leaf has a tensor and no
+  // child; a sub-tree a child (whose parent becomes this node) and no tensor.
+  void add_leaf(std::string name, at::Tensor tensor) {
+    names.push_back(std::move(name));
+    tensors.push_back(std::move(tensor));
+    children.emplace_back();
+  }
+  any_node& add_child(std::string name, std::shared_ptr<any_node> child = std::make_shared<any_node>()) {
+    child->parent = this;
+    names.push_back(std::move(name));
+    tensors.emplace_back();
+    children.push_back(std::move(child));
+    return *children.back();
+  }
+  // Replaces entry `name` (or adds it) with a leaf or a sub-tree.
+  void put(std::string_view name, at::Tensor tensor, std::shared_ptr<any_node> child) {
+    const std::size_t i = find(name);
+    if (i == npos) {
+      if (child) add_child(std::string(name), std::move(child));
+      else add_leaf(std::string(name), std::move(tensor));
+      return;
+    }
+    if (children[i]) children[i]->parent = nullptr;  // a view of the old sub-tree lives on, detached
+    if (child) child->parent = this;
+    tensors[i] = std::move(tensor);
+    children[i] = std::move(child);
+  }
+
   // The keys of this level, sorted, for error messages: "bias", "weight".
   std::string listing() const {
     if (names.empty()) return "none (it is empty)";
     std::vector<std::string> sorted = names;
     std::sort(sorted.begin(), sorted.end());
-    std::string out;
-    for (const auto& n : sorted) out += (out.empty() ? "\"" : ", \"") + n + '"';
-    return out;
+    return quoted_names(sorted);
   }
 };
 
@@ -194,16 +237,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     if (path.empty()) throw key_error("AnyTensorDict.set: needs a key path of at least one key");
     if (!value.defined()) throw value_error("AnyTensorDict.set(" + to_string(path) + "): the tensor is undefined");
     value = checked_leaf(std::move(value), path, "AnyTensorDict.set");
-    detail::any_node& parent = parent_for_write(path, "AnyTensorDict.set");
-    const std::size_t i = parent.find(path.back());
-    if (i == npos) {
-      parent.names.emplace_back(path.back());
-      parent.tensors.push_back(std::move(value));
-      parent.children.emplace_back();
-    } else {
-      detach_child(parent, i);
-      parent.tensors[i] = std::move(value);
-    }
+    parent_for_write(path, "AnyTensorDict.set").put(path.back(), std::move(value), nullptr);
     return *this;
   }
 
@@ -214,20 +248,9 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     if (value.batch_size() != batch_size())
       throw shape_error("AnyTensorDict.set(" + to_string(path) + "): expected a TensorDict with batch_size=" +
                         format_sizes(batch_size()) + ", got batch_size=" + format_sizes(value.batch_size()));
-    auto copy = copy_node(*value.node_, nullptr);
+    auto copy = copy_node(*value.node_);
     if (device()) relocate(*copy, *device());
-    detail::any_node& parent = parent_for_write(path, "AnyTensorDict.set");
-    copy->parent = &parent;
-    const std::size_t i = parent.find(path.back());
-    if (i == npos) {
-      parent.names.emplace_back(path.back());
-      parent.tensors.emplace_back();
-      parent.children.push_back(std::move(copy));
-    } else {
-      detach_child(parent, i);
-      parent.tensors[i] = at::Tensor();
-      parent.children[i] = std::move(copy);
-    }
+    parent_for_write(path, "AnyTensorDict.set").put(path.back(), at::Tensor(), std::move(copy));
     return *this;
   }
 
@@ -235,7 +258,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   AnyTensorDict& erase(c10::ArrayRef<std::string> path) {
     auto at = resolve(path, "AnyTensorDict.erase");
     check_unlocked(*at.node, path, "AnyTensorDict.erase");
-    detach_child(*at.node, at.index);
+    if (at.node->children[at.index]) at.node->children[at.index]->parent = nullptr;
     at.node->names.erase(at.node->names.begin() + at.index);
     at.node->tensors.erase(at.node->tensors.begin() + at.index);
     at.node->children.erase(at.node->children.begin() + at.index);
@@ -280,36 +303,13 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   template <class F>
   AnyTensorDict apply(F&& f, c10::IntArrayRef new_batch_size) const {
     AnyTensorDict out(new_batch_size, device());
-    out.node_ = map_node(*node_, nullptr, out, f);
+    any_key_path path;
+    out.node_ = map_node(*node_, out, f, path);
     return out;
   }
 
-  // f on every leaf; a returned tensor is written into the leaf (same
-  // identity). Every result is computed before the first write.
-  template <class F>
-  AnyTensorDict& apply_(F&& f) {
-    if constexpr (std::is_void_v<std::invoke_result_t<F&, at::Tensor&>>) {
-      for_each_leaf([&](const any_key_path&, const at::Tensor& t) {
-        at::Tensor leaf = t;
-        f(leaf);
-      });
-    } else {
-      std::vector<at::Tensor> results;
-      for_each_leaf([&](const any_key_path&, const at::Tensor& t) {
-        at::Tensor leaf = t;
-        results.push_back(f(leaf));
-      });
-      std::size_t k = 0;
-      for_each_leaf([&](const any_key_path&, const at::Tensor& t) {
-        const at::Tensor& r = results[k++];
-        if (r.defined() && !r.is_same(t)) t.copy_(r);
-      });
-    }
-    return *this;
-  }
-
-  // clone, detach, zero_, to, comparisons with a scalar, all, any, index,
-  // operator[], unbind and expand come from detail/tensordict_ops.hpp.
+  // apply_, clone, detach, zero_, to, comparisons with a scalar, all, any,
+  // index, operator[], unbind and expand come from detail/tensordict_ops.hpp.
 
   // Element-wise comparisons; both sides must have the same keys.
   AnyTensorDict operator==(const AnyTensorDict& other) const {
@@ -324,8 +324,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   AnyTensorDict flatten_keys(std::string_view separator = ".") const {
     AnyTensorDict out(batch_size(), device());
     for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      std::string joined;
-      for (std::size_t i = 0; i < path.size(); ++i) joined += (i ? std::string(separator) : "") + path[i];
+      const std::string joined = join(path, separator);
       if (out.node_->find(joined) != npos)
         throw key_error("AnyTensorDict.flatten_keys: two leaves flatten to \"" + joined + "\"");
       out.insert_leaf({joined}, t);
@@ -482,20 +481,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       node = node->children[i].get();
     }
     check_unlocked(*node, path, op);
-    for (; k + 1 < path.size(); ++k) {
-      auto child = std::make_shared<detail::any_node>();
-      child->parent = node;
-      node->names.push_back(path[k]);
-      node->tensors.emplace_back();
-      node->children.push_back(child);
-      node = child.get();
-    }
+    for (; k + 1 < path.size(); ++k) node = &node->add_child(path[k]);
     return *node;
-  }
-
-  static void detach_child(detail::any_node& node, std::size_t i) {
-    if (node.children[i]) node.children[i]->parent = nullptr;
-    node.children[i].reset();
   }
 
   static void check_unlocked(const detail::any_node& node, c10::ArrayRef<std::string> path, const char* op) {
@@ -509,25 +496,18 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   void insert_leaf(const any_key_path& path, const at::Tensor& t) {
     detail::any_node* node = node_.get();
     for (std::size_t k = 0; k + 1 < path.size(); ++k) {
-      std::size_t i = node->find(path[k]);
+      const std::size_t i = node->find(path[k]);
       if (i == npos) {
-        auto child = std::make_shared<detail::any_node>();
-        child->parent = node;
-        node->names.push_back(path[k]);
-        node->tensors.emplace_back();
-        node->children.push_back(child);
-        i = node->size() - 1;
-      } else if (node->is_leaf(i)) {
+        node = &node->add_child(path[k]);
+        continue;
+      }
+      if (node->is_leaf(i))
         throw key_error("AnyTensorDict: " + to_string(path) + " needs " + to_string(c10::ArrayRef<std::string>(path).slice(0, k + 1)) +
                         " to be a sub-tree, but it is a leaf");
-      }
       node = node->children[i].get();
     }
-    if (const std::size_t i = node->find(path.back()); i != npos)
-      throw key_error("AnyTensorDict: the key " + to_string(path) + " is given twice");
-    node->names.push_back(path.back());
-    node->tensors.push_back(t);
-    node->children.emplace_back();
+    if (node->find(path.back()) != npos) throw key_error("AnyTensorDict: the key " + to_string(path) + " is given twice");
+    node->add_leaf(path.back(), t);
   }
 
   at::Tensor checked_leaf(at::Tensor t, c10::ArrayRef<std::string> path, const char* op) const {
@@ -550,14 +530,13 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     }
   }
 
-  static std::shared_ptr<detail::any_node> copy_node(const detail::any_node& from, detail::any_node* parent) {
+  // The same structure in new nodes (unlocked, without a parent), holding the same tensors.
+  static std::shared_ptr<detail::any_node> copy_node(const detail::any_node& from) {
     auto out = std::make_shared<detail::any_node>();
-    out->parent = parent;
-    out->names = from.names;
-    out->tensors = from.tensors;
-    out->children.resize(from.size());
-    for (std::size_t i = 0; i < from.size(); ++i)
-      if (from.children[i]) out->children[i] = copy_node(*from.children[i], out.get());
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      if (from.children[i]) out->add_child(from.names[i], copy_node(*from.children[i]));
+      else out->add_leaf(from.names[i], from.tensors[i]);
+    }
     return out;
   }
 
@@ -578,27 +557,17 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   // f at every leaf of `from`, into a new node of `out` (sub-trees that end empty stay, as in Python).
   template <class F>
-  static std::shared_ptr<detail::any_node> map_node(const detail::any_node& from, detail::any_node* parent,
-                                                    const AnyTensorDict& out, F& f, any_key_path* path = nullptr) {
-    any_key_path local;
-    if (!path) path = &local;
+  static std::shared_ptr<detail::any_node> map_node(const detail::any_node& from, const AnyTensorDict& out, F& f,
+                                                    any_key_path& path) {
     auto node = std::make_shared<detail::any_node>();
-    node->parent = parent;
     for (std::size_t i = 0; i < from.size(); ++i) {
-      path->push_back(from.names[i]);
+      path.push_back(from.names[i]);
       if (from.children[i]) {
-        node->names.push_back(from.names[i]);
-        node->tensors.emplace_back();
-        node->children.push_back(map_node(*from.children[i], node.get(), out, f, path));
-      } else {
-        at::Tensor r = f(from.tensors[i]);
-        if (r.defined()) {
-          node->names.push_back(from.names[i]);
-          node->tensors.push_back(out.checked_leaf(std::move(r), *path, "TensorDict.apply"));
-          node->children.emplace_back();
-        }
+        node->add_child(from.names[i], map_node(*from.children[i], out, f, path));
+      } else if (at::Tensor r = f(from.tensors[i]); r.defined()) {
+        node->add_leaf(from.names[i], out.checked_leaf(std::move(r), path, "TensorDict.apply"));
       }
-      path->pop_back();
+      path.pop_back();
     }
     return node;
   }
@@ -687,6 +656,17 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 };
 
 namespace detail {
+// A flat dict of dotted keys ("0.weight", a state_dict()) as a tree; anything else as it is.
+inline AnyTensorDict unflatten_if_flat(const AnyTensorDict& td) {
+  bool flat = !td.empty();
+  bool dotted = false;
+  for (const auto& name : td.names()) {
+    flat = flat && td.is_leaf({name});
+    dotted = dotted || name.find('.') != std::string::npos;
+  }
+  return flat && dotted ? td.unflatten_keys(".") : td;
+}
+
 // The leaves of several TensorDicts with the same keys, joined by `join`.
 template <class Join>
 AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op, c10::IntArrayRef batch, Join&& join) {

@@ -161,11 +161,7 @@ template <class TD>
 inline constexpr bool is_tensordict_v = ::tensordict::detail::is_tensordict<std::remove_cvref_t<TD>>::value;
 
 inline std::string path_text(const key_path& p) { return p.join("."); }
-inline std::string path_text(const any_key_path& p) {
-  std::string out;
-  for (const auto& part : p) out += (out.empty() ? "" : ".") + part;
-  return out;
-}
+inline std::string path_text(const any_key_path& p) { return join(p, "."); }
 
 // A collective, waited on; failures become distributed_error.
 template <class F>
@@ -447,9 +443,8 @@ inline at::Tensor gather_shards(const at::Tensor& local, c10d::ProcessGroup& gro
 template <class TD>
   requires detail::is_tensordict_v<TD>
 void all_reduce_gradients(const TD& params, c10d::ProcessGroup& group, collective_options options = {}) {
-  const TD grads = params.apply([](const at::Tensor& t) { return t.grad(); });
-  TD in_place = grads;  // the same gradient tensors
-  all_reduce(in_place, group, c10d::ReduceOp::AVG, options);
+  TD grads = params.apply([](const at::Tensor& t) { return t.grad(); });  // the gradient tensors themselves
+  all_reduce(grads, group, c10d::ReduceOp::AVG, options);
 }
 
 // ---- launching ranks on one machine -----------------------------------------------------

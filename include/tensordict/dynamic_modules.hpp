@@ -130,18 +130,11 @@ class module_registry {
 
  private:
   template <class... Impl>
-  void add_builtins() {
+  void add_builtins(type_list<Impl...>) {
     (add(typeid(Impl), kind_of<Impl>()), ...);
   }
 
-  module_registry() {
-    namespace tnn = torch::nn;
-    add_builtins<tnn::LinearImpl, tnn::Conv1dImpl, tnn::Conv2dImpl, tnn::Conv3dImpl, tnn::ConvTranspose2dImpl,
-                 tnn::BatchNorm1dImpl, tnn::BatchNorm2dImpl, tnn::LayerNormImpl, tnn::GroupNormImpl, tnn::EmbeddingImpl,
-                 tnn::ReLUImpl, tnn::ReLU6Impl, tnn::LeakyReLUImpl, tnn::ELUImpl, tnn::SELUImpl, tnn::GELUImpl,
-                 tnn::SiLUImpl, tnn::MishImpl, tnn::SigmoidImpl, tnn::TanhImpl, tnn::SoftplusImpl, tnn::SoftmaxImpl,
-                 tnn::LogSoftmaxImpl, tnn::DropoutImpl, tnn::FlattenImpl, tnn::IdentityImpl>();
-  }
+  module_registry() { add_builtins(builtin_modules{}); }
 
   mutable std::shared_mutex mutex_;
   std::unordered_map<std::type_index, std::shared_ptr<const module_kind>> kinds_;
@@ -193,17 +186,6 @@ inline std::string module_type_name(const torch::nn::Module& m) { return c10::de
 
 inline std::string where(const any_key_path& path) { return path.empty() ? "the root module" : to_string(path); }
 
-// A flat state-dict form ("0.weight") is unflattened: no module name holds a dot.
-inline AnyTensorDict module_shaped(const AnyTensorDict& params) {
-  bool flat = !params.empty();
-  bool dotted = false;
-  for (const auto& name : params.names()) {
-    flat = flat && params.is_leaf({name});
-    dotted = dotted || name.find('.') != std::string::npos;
-  }
-  return flat && dotted ? params.unflatten_keys(".") : params;
-}
-
 inline void collect(const torch::nn::Module& m, AnyTensorDict& out, any_key_path& path) {
   auto add = [&](const torch::OrderedDict<std::string, at::Tensor>& tensors) {
     for (const auto& item : tensors) {
@@ -243,8 +225,7 @@ inline std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, cons
       for (const auto& c : m->named_children())
         if (c.key() == path[k]) child = c.value();
       if (!child) {
-        std::string names;
-        for (const auto& c : m->named_children()) names += (names.empty() ? "\"" : ", \"") + c.key() + '"';
+        const std::string names = quoted_names(m->named_children().keys());
         throw key_error(std::string(op) + ": " + to_string(path) + ": " + where(any_key_path(path.begin(), path.begin() + k)) +
                         " (" + module_type_name(*m) + ") has no child \"" + path[k] + "\"; its children are " +
                         (names.empty() ? "none" : names));
@@ -256,11 +237,12 @@ inline std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, cons
     if (!registry) registry = module_buffers(*m).find(name);
     const any_key_path owner(path.begin(), path.end() - 1);
     if (!registry || !registry->defined()) {
-      std::string names;
+      std::vector<std::string> own;
       for (const auto& t : m->named_parameters(false))
-        if (t.value().defined()) names += (names.empty() ? "\"" : ", \"") + t.key() + '"';
+        if (t.value().defined()) own.push_back(t.key());
       for (const auto& t : m->named_buffers(false))
-        if (t.value().defined()) names += (names.empty() ? "\"" : ", \"") + t.key() + '"';
+        if (t.value().defined()) own.push_back(t.key());
+      const std::string names = quoted_names(own);
       throw key_error(std::string(op) + ": " + to_string(path) + ": " + where(owner) + " (" + module_type_name(*m) +
                       ") has no tensor \"" + name + "\"; its tensors are " + (names.empty() ? "none" : names));
     }
@@ -311,7 +293,7 @@ AnyTensorDict from_module(M&& module) {
 class [[nodiscard]] dynamic_module_swap {
  public:
   dynamic_module_swap(torch::nn::Module& module, const AnyTensorDict& params, const char* op = "tensordict::to_module") {
-    auto targets = detail::resolve_targets(module, detail::module_shaped(params), 0, op);
+    auto targets = detail::resolve_targets(module, detail::unflatten_if_flat(params), 0, op);
     saved_.reserve(targets.size());
     for (auto& t : targets) {
       saved s{t.path, t.member, t.registry, std::exchange(*t.member, t.value), {}};
@@ -365,7 +347,7 @@ dynamic_module_swap to_module(const AnyTensorDict& params, M&& module) {
 template <class M>
   requires std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>> || nn::dynamic_module<M>
 void to_module_(const AnyTensorDict& params, M&& module) {
-  auto targets = detail::resolve_targets(detail::dynamic_ref(module), detail::module_shaped(params), 0, "tensordict::to_module_");
+  auto targets = detail::resolve_targets(detail::dynamic_ref(module), detail::unflatten_if_flat(params), 0, "tensordict::to_module_");
   at::NoGradGuard no_grad;
   for (auto& t : targets) t.member->copy_(t.value);
 }
@@ -448,7 +430,7 @@ inline at::Tensor dynamic_call(torch::nn::Module& m, torch::nn::AnyModule* any, 
 template <class M>
   requires nn::dynamic_module<M> && (!std::is_same_v<std::remove_cvref_t<M>, torch::nn::Module>)
 at::Tensor functional_call(M&& module, const AnyTensorDict& params, const at::Tensor& input) {
-  const AnyTensorDict p = detail::module_shaped(params);
+  const AnyTensorDict p = detail::unflatten_if_flat(params);
   if constexpr (std::is_same_v<std::remove_cvref_t<M>, torch::nn::AnyModule>)
     return detail::dynamic_call(detail::dynamic_ref(module), const_cast<torch::nn::AnyModule*>(&module), p, input);
   else
@@ -461,7 +443,7 @@ template <class M, class... Args>
   requires(!nn::dynamic_module<M> && std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>>)
 auto functional_call(M&& module, const AnyTensorDict& params, Args&&... args) {
   auto& impl = detail::impl_ref(module);
-  const AnyTensorDict p = detail::module_shaped(params);
+  const AnyTensorDict p = detail::unflatten_if_flat(params);
   if constexpr (sizeof...(Args) == 1 && (std::is_convertible_v<Args, at::Tensor> && ...)) {
     auto kind = nn::detail::module_registry::instance().find(impl);
     if (kind && kind->forward) {
@@ -527,7 +509,7 @@ at::Tensor functional_vmap(M&& module, const AnyTensorDict& params, Args args = 
                   "kwargs(kw<\"input\">(x)) with in_dims(in_dim_of<\"input\">(0)).");
     return at::Tensor();
   } else {
-    const AnyTensorDict p = ::tensordict::detail::module_shaped(params);
+    const AnyTensorDict p = ::tensordict::detail::unflatten_if_flat(params);
     // Check the keys, shapes and dtypes once, against the module, before any call.
     (void)::tensordict::detail::resolve_targets(m, p, p.batch_dims(), "tensordict::nn::functional_vmap");
     auto call_one = [&](const AnyTensorDict& one, const at::Tensor& x) {

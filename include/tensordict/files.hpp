@@ -181,15 +181,13 @@ inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_p
   }
 }
 
+// A state_dict() names leaves "0.weight"; a nested schema wants them as a tree.
 template <schema_type S>
-AnyTensorDict shaped_for(AnyTensorDict any) {
-  // A state_dict() names leaves "0.weight"; the schema nests them.
-  if constexpr (S::depth > 1) {
-    bool flat = !any.empty();
-    for (const auto& name : any.names()) flat = flat && any.is_leaf({name});
-    if (flat) return any.unflatten_keys(".");
-  }
-  return any;
+AnyTensorDict shaped_for(const AnyTensorDict& any) {
+  if constexpr (S::depth > 1)
+    return unflatten_if_flat(any);
+  else
+    return any;
 }
 
 }  // namespace detail

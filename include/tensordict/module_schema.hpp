@@ -247,6 +247,20 @@ TENSORDICT_DETAIL_NO_TENSORS(torch::nn::FlattenImpl)
 TENSORDICT_DETAIL_NO_TENSORS(torch::nn::IdentityImpl)
 #undef TENSORDICT_DETAIL_NO_TENSORS
 
+namespace detail {
+template <class... Impl>
+struct type_list {};
+// Every built-in module type described above: the run-time registry of
+// dynamic_modules.hpp knows these. A type added above goes here too.
+using builtin_modules = type_list<
+    torch::nn::LinearImpl, torch::nn::Conv1dImpl, torch::nn::Conv2dImpl, torch::nn::Conv3dImpl,
+    torch::nn::ConvTranspose2dImpl, torch::nn::LayerNormImpl, torch::nn::GroupNormImpl, torch::nn::BatchNorm1dImpl,
+    torch::nn::BatchNorm2dImpl, torch::nn::EmbeddingImpl, torch::nn::ReLUImpl, torch::nn::ReLU6Impl,
+    torch::nn::LeakyReLUImpl, torch::nn::ELUImpl, torch::nn::SELUImpl, torch::nn::GELUImpl, torch::nn::SiLUImpl,
+    torch::nn::MishImpl, torch::nn::SigmoidImpl, torch::nn::TanhImpl, torch::nn::SoftplusImpl, torch::nn::SoftmaxImpl,
+    torch::nn::LogSoftmaxImpl, torch::nn::DropoutImpl, torch::nn::FlattenImpl, torch::nn::IdentityImpl>;
+}  // namespace detail
+
 // ---- a typed sequential container ------------------------------------------
 
 // A torch::nn::Module whose children are typed: registered as "0", "1", ...

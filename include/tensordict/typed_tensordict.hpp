@@ -203,32 +203,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     return out;
   }
 
-  // Calls f on every set leaf; if f returns a tensor, its values are written
-  // into the leaf (the leaf keeps its identity). Every result is computed
-  // before the first is written, so an f that throws changes nothing (unless
-  // f itself wrote in place).
-  template <class F>
-  TensorDict& apply_(F&& f) {
-    if constexpr (std::is_void_v<std::invoke_result_t<F&, at::Tensor&>>) {
-      for_each_set_leaf([&](std::size_t, const at::Tensor& t) {
-        at::Tensor leaf = t;
-        f(leaf);
-      });
-    } else {
-      std::array<at::Tensor, leaf_count> results;
-      for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
-        at::Tensor leaf = t;
-        results[i] = f(leaf);
-      });
-      for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
-        if (results[i].defined() && !results[i].is_same(t)) t.copy_(results[i]);
-      });
-    }
-    return *this;
-  }
-
-  // clone, detach, zero_, to, comparisons with a scalar, all, any, index,
-  // operator[], unbind and expand come from detail/tensordict_ops.hpp.
+  // apply_, clone, detach, zero_, to, comparisons with a scalar, all, any,
+  // index, operator[], unbind and expand come from detail/tensordict_ops.hpp.
 
   // Element-wise comparisons, as a TensorDict of bool tensors.
   TensorDict operator==(const TensorDict& other) const { return compare(other, "==", [](auto& a, auto& b) { return a.eq(b); }); }

@@ -1,11 +1,12 @@
 // The verbs that the typed TensorDict and AnyTensorDict share, written once
-// over what each provides: apply(f[, batch_size]), apply_(f), values(),
-// batch_size() and set_device_(device).
+// over what each provides: apply(f[, batch_size]), values() (the leaves
+// themselves, in order), batch_size() and set_device_(device).
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/TensorIndexing.h>
@@ -47,6 +48,25 @@ inline std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayRef<at::in
 template <class Derived>
 class tensordict_ops {
  public:
+  // Calls f on every leaf; if f returns a tensor, its values are written into
+  // the leaf (the leaf keeps its identity). Every result is computed before
+  // the first is written, so an f that throws changes nothing (unless f
+  // itself wrote in place).
+  template <class F>
+  Derived& apply_(F&& f) {
+    const std::vector<at::Tensor> stored = self().values();
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, at::Tensor&>>) {
+      for (at::Tensor leaf : stored) f(leaf);
+    } else {
+      std::vector<at::Tensor> results;
+      results.reserve(stored.size());
+      for (at::Tensor leaf : stored) results.push_back(f(leaf));  // f gets a handle it may rebind
+      for (std::size_t i = 0; i < stored.size(); ++i)
+        if (results[i].defined() && !results[i].is_same(stored[i])) stored[i].copy_(results[i]);
+    }
+    return static_cast<Derived&>(*this);
+  }
+
   Derived clone() const {
     return self().apply([](const at::Tensor& t) { return t.clone(); });
   }
@@ -54,7 +74,7 @@ class tensordict_ops {
     return self().apply([](const at::Tensor& t) { return t.detach(); });
   }
   Derived& zero_() {
-    return static_cast<Derived&>(*this).apply_([](at::Tensor& t) { t.zero_(); });
+    return apply_([](at::Tensor& t) { t.zero_(); });
   }
   Derived to(at::ScalarType dtype) const {
     return self().apply([&](const at::Tensor& t) { return t.to(dtype); });
