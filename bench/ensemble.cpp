@@ -17,6 +17,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/randn.h>
+#include <torch/version.h>
 #include <tensordict/tensordict.hpp>
 
 namespace td = tensordict;
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   (void)argc;
   at::set_num_threads(1);
   const double budget = argc > 1 ? std::atof(argv[1]) : 2.0;  // seconds per variant, config and mode
+  std::printf("libtorch %s, compiler %s\n", TORCH_VERSION, __VERSION__);
   std::printf("BLAS: %s, 1 thread\n", blas_in_use().c_str());
 
   const config configs[] = {

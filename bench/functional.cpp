@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include <ATen/ops/randn.h>
+#include <torch/version.h>
 #include <tensordict/tensordict.hpp>
 
 namespace td = tensordict;
@@ -34,6 +35,7 @@ block make_block() { return block(Linear(8, 8), Linear(8, 8), Linear(8, 8), Line
 }  // namespace
 
 int main() {
+  std::printf("libtorch %s, compiler %s\n", TORCH_VERSION, __VERSION__);
   at::set_num_threads(1);
   mlp3 small(Linear(8, 32), ReLU(), Linear(32, 32), ReLU(), Linear(32, 4));
   mlp50 large(make_block(), make_block(), make_block(), make_block(), make_block(), make_block(), make_block(),

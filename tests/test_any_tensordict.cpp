@@ -1,3 +1,4 @@
+#include <optional>
 #include <sstream>
 
 #include "catch_torch.hpp"
@@ -16,7 +17,7 @@
 using namespace tensordict;
 using test::impl;
 using test::printed;
-using Catch::Matchers::Contains;
+using test::Contains;
 namespace idx = at::indexing;
 
 namespace {
@@ -230,7 +231,7 @@ TEST_CASE("AnyTensorDict: typed -> erased -> typed is lossless and keeps the ten
   CHECK(any.batch_size() == c10::IntArrayRef{2});
   CHECK_FALSE(any.contains("0", "bias"));  // unset leaves are absent, as in Python
   CHECK(impl(any.get("0", "weight")) == impl(typed.get<"0", "weight">()));
-  auto back = any.to_typed<mlp>();
+  auto back = any.to_typed<mlp>({.allow_missing = true});  // ("0", "bias") is unset on both sides
   for (std::size_t i = 0; i < mlp::leaf_count; ++i) {
     CHECK(back.is_set(i) == typed.is_set(i));
     if (typed.is_set(i)) CHECK(impl(back.leaf(i)) == impl(typed.leaf(i)));
@@ -258,14 +259,18 @@ TEST_CASE("AnyTensorDict: erased -> typed lists every difference in one error", 
     CHECK_THAT(msg, Contains("(\"2\", \"weight\"): missing (expected f32[1,4])"));
     CHECK_THAT(msg, Contains("(\"2\", \"bias\"): missing (expected f32[1])"));
   }
-  // Without a reference: keys and batch dims only; missing leaves stay unset.
+  // Without a reference: every leaf of the schema must be there (issue 12, defect 5: a missing
+  // one was accepted silently), unless allow_missing leaves it unset.
   AnyTensorDict partial({3});
   partial.set("0", "weight", at::randn({3, 4, 3}));
-  auto typed = partial.to_typed<mlp>();
+  CHECK_THROWS_AS(partial.to_typed<mlp>(), key_error);
+  CHECK_THROWS_WITH(partial.to_typed<mlp>(), Contains("(\"0\", \"bias\"): missing") && Contains("(\"2\", \"weight\"): missing") &&
+                                                 Contains("allow_missing"));
+  auto typed = partial.to_typed<mlp>({.allow_missing = true});
   CHECK(typed.is_set(0));
   CHECK_FALSE(typed.is_set(1));
   partial.set("extra", at::randn({3}));
-  CHECK_THROWS_WITH(partial.to_typed<mlp>(), Contains("\"extra\": not a leaf of the schema"));
+  CHECK_THROWS_WITH(partial.to_typed<mlp>({.allow_missing = true}), Contains("\"extra\": not a leaf of the schema"));
 }
 
 TEST_CASE("AnyTensorDict: vmap maps over an AnyTensorDict", "[any_tensordict]") {
@@ -284,4 +289,47 @@ TEST_CASE("AnyTensorDict: vmap maps over an AnyTensorDict", "[any_tensordict]") 
   auto out = vmap(returns_td, {}, {.chunk_size = 2})(params);
   CHECK(out.batch_size() == c10::IntArrayRef{5});
   CHECK(out.get("2", "bias").equal(params.get("2", "bias") * 2));
+}
+
+TEST_CASE("AnyTensorDict: a sub-view outlives the tree above it (any order of destruction)", "[any_tensordict]") {
+  // Issue 12, defect 1: the view kept a raw parent pointer; unlock_ then read freed memory (ASan).
+  std::optional<AnyTensorDict> sub;
+  {
+    auto root = make_mlp({2});
+    root.lock_();
+    sub = root.get_tensordict("0");
+    CHECK_THROWS_AS(sub->unlock_(), lock_error);
+  }
+  CHECK(sub->is_locked());
+  sub->unlock_();  // nothing above it is left to hold the lock
+  CHECK_FALSE(sub->is_locked());
+  sub->set("weight", at::ones({2, 4, 3}));
+  CHECK(sub->get("weight").sum().item<float>() == 24.0f);
+}
+
+TEST_CASE("AnyTensorDict: to(device) builds the result on the target device; index() follows the index", "[any_tensordict]") {
+  // Issue 12, defect 2, erased form.
+  AnyTensorDict td({3}, at::Device(at::kCPU));
+  td.set("0", "weight", at::randn({3, 4, 3}));
+  td.set("b", at::randn({3}));
+  auto meta = td.to(at::Device(at::kMeta));
+  CHECK(meta.device() == at::Device(at::kMeta));
+  for (const at::Tensor& t : meta.values()) CHECK(t.device().is_meta());
+  auto picked = meta.index({at::tensor({0, 2}, at::kLong).to(at::kMeta)});
+  CHECK(picked.batch_size() == c10::IntArrayRef{2});
+  CHECK(picked.get("0", "weight").device().is_meta());
+}
+
+TEST_CASE("AnyTensorDict: stack and cat name the key path of a leaf whose shapes differ", "[any_tensordict]") {
+  // Issue 12, defect 5: the message said "a leaf is f32[4,3] ... but f32[4,5]" without its path.
+  auto a = make_mlp();
+  auto b = make_mlp();
+  b.set("0", "weight", at::randn({4, 5}));
+  CHECK_THROWS_AS(stack({a, b}), shape_error);
+  CHECK_THROWS_WITH(stack({a, b}), Contains("(\"0\", \"weight\") is f32[4,3] in TensorDict 0 but f32[4,5] in TensorDict 1"));
+  auto c = make_mlp({2});
+  auto d = make_mlp({3});
+  d.set("2", "bias", at::randn({3, 2}));
+  CHECK_THROWS_AS(cat({c, d}), shape_error);
+  CHECK_THROWS_WITH(cat({c, d}), Contains("(\"2\", \"bias\") is f32[2,1] in TensorDict 0 but f32[3,2] in TensorDict 1"));
 }

@@ -32,7 +32,7 @@
 using namespace tensordict;
 using test::impl;
 namespace dist = tensordict::distributed;
-using Catch::Matchers::Contains;
+using test::Contains;
 
 namespace {
 c10::intrusive_ptr<c10d::ProcessGroup> the_group;

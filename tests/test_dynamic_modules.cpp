@@ -19,7 +19,7 @@
 
 using namespace tensordict;
 using test::impl;
-using Catch::Matchers::Contains;
+using test::Contains;
 
 // A user module that owns a tensor: known once registered.
 struct ScaleImpl : torch::nn::Module {

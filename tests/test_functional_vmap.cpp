@@ -10,7 +10,7 @@
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
-using Catch::Matchers::Contains;
+using test::Contains;
 
 struct EncoderImpl : torch::nn::Module {
   torch::nn::Linear fc{nullptr};

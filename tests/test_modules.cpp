@@ -8,7 +8,7 @@
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
-using Catch::Matchers::Contains;
+using test::Contains;
 
 // Counts its re-initializations.
 struct CountingImpl : torch::nn::Module {

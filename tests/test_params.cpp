@@ -13,7 +13,7 @@
 using namespace tensordict;
 using test::impl;
 namespace tdn = tensordict::nn;
-using Catch::Matchers::Contains;
+using test::Contains;
 
 namespace {
 using mlp_t = tdn::Sequential<torch::nn::Linear, torch::nn::Linear>;
@@ -174,4 +174,19 @@ TEST_CASE("to, and clone with its kinds and ties", "[params]") {
   CHECK(c->get<"0", "weight">().equal(p->get<"0", "weight">()));
   CHECK(impl(c->get<"0", "bias">()) == impl(c->get<"1", "bias">()));
   CHECK(c->named_parameters().size() == p->named_parameters().size());
+}
+
+TEST_CASE("torch::nn::Module::clone() works on TensorDictParams, keeping kinds and ties", "[params]") {
+  // Issue 12, defect 5: the inherited clone() threw "clone() has not been implemented".
+  auto td = from_module(make_mlp()).detach().clone();
+  td.set<"1", "bias">(td.get<"0", "bias">());
+  auto p = tdn::make_params(td);
+  std::shared_ptr<torch::nn::Module> base = p.ptr();
+  auto copy = std::dynamic_pointer_cast<tdn::TensorDictParamsImpl<mlp_schema>>(base->clone());
+  REQUIRE(copy);
+  CHECK(impl(copy->get<"0", "weight">()) != impl(p->get<"0", "weight">()));
+  CHECK(copy->get<"0", "weight">().equal(p->get<"0", "weight">()));
+  CHECK(impl(copy->get<"0", "bias">()) == impl(copy->get<"1", "bias">()));
+  CHECK(copy->named_parameters().keys() == p->named_parameters().keys());
+  CHECK(copy->named_buffers().keys() == p->named_buffers().keys());
 }

@@ -15,7 +15,7 @@
 using namespace tensordict;
 using test::impl;
 using test::printed;
-using Catch::Matchers::Contains;
+using test::Contains;
 namespace idx = at::indexing;
 
 namespace {
@@ -321,4 +321,19 @@ TEST_CASE("printing follows the reference format", "[tensordict]") {
   CHECK(printed(d) ==
         "TensorDict(batch_size=[], fields={a: f16[2], b: bf16[2], c: f32[2], d: f64[2], e: i8[2], f: i16[2], g: i32[2], "
         "h: i64[2], i: u8[2], j: bool[2], k: c64[2], l: c128[2]})");
+}
+
+TEST_CASE("to(device) builds the result on the target device; index() follows the index's device", "[tensordict]") {
+  // Issue 12, defect 2: the result was built on the old device and every leaf copied back
+  // ("Cannot copy out of meta tensor"); index() probed the batch size with a CPU tensor.
+  TensorDict<mlp> td({at::randn({3, 4, 3}), at::randn({3, 4}), at::randn({3, 1, 4}), at::randn({3, 1})}, {3},
+                     at::Device(at::kCPU));
+  auto meta = td.to(at::Device(at::kMeta));
+  CHECK(meta.device() == at::Device(at::kMeta));
+  for (const at::Tensor& t : meta.values()) CHECK(t.device().is_meta());
+  CHECK(td.get<"0", "weight">().device().is_cpu());
+  auto picked = meta.index({at::tensor({0, 2}, at::kLong).to(at::kMeta)});
+  CHECK(picked.batch_size() == c10::IntArrayRef{2});
+  CHECK(picked.get<"0", "weight">().device().is_meta());
+  CHECK(picked.get<"0", "weight">().sizes() == c10::IntArrayRef{2, 4, 3});
 }

@@ -16,7 +16,7 @@
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
-using Catch::Matchers::Contains;
+using test::Contains;
 
 namespace {
 at::Tensor loop(c10::IntArrayRef, std::int64_t n, auto&& f) {

@@ -73,12 +73,15 @@ inline std::string quoted_names(const std::vector<std::string>& names) {
   return out;
 }
 
-struct any_node {
+// A level of the tree. Parents own their children; a child knows its parent
+// weakly, so a sub-view (get_tensordict) that outlives the tree above it
+// finds no parent rather than a freed one. Nodes live in shared_ptrs only.
+struct any_node : std::enable_shared_from_this<any_node> {
   std::vector<std::string> names;
   std::vector<at::Tensor> tensors;                  // undefined where the entry is a sub-tree
   std::vector<std::shared_ptr<any_node>> children;  // null where the entry is a leaf
   bool locked = false;
-  any_node* parent = nullptr;
+  std::weak_ptr<any_node> parent;
 
   std::size_t find(std::string_view name) const {
     for (std::size_t i = 0; i < names.size(); ++i)
@@ -96,7 +99,7 @@ struct any_node {
     children.emplace_back();
   }
   any_node& add_child(std::string name, std::shared_ptr<any_node> child = std::make_shared<any_node>()) {
-    child->parent = this;
+    child->parent = weak_from_this();
     names.push_back(std::move(name));
     tensors.emplace_back();
     children.push_back(std::move(child));
@@ -110,8 +113,8 @@ struct any_node {
       else add_leaf(std::string(name), std::move(tensor));
       return;
     }
-    if (children[i]) children[i]->parent = nullptr;  // a view of the old sub-tree lives on, detached
-    if (child) child->parent = this;
+    if (children[i]) children[i]->parent.reset();  // a view of the old sub-tree lives on, detached
+    if (child) child->parent = weak_from_this();
     tensors[i] = std::move(tensor);
     children[i] = std::move(child);
   }
@@ -124,6 +127,15 @@ struct any_node {
     return quoted_names(sorted);
   }
 };
+
+}  // namespace detail
+
+// How AnyTensorDict::to_typed<S>() treats leaves of S that the TensorDict lacks.
+struct to_typed_options {
+  bool allow_missing = false;  // true: they stay unset in the typed form
+};
+
+namespace detail {
 
 struct any_root {
   std::vector<std::int64_t> batch_size;
@@ -258,7 +270,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   AnyTensorDict& erase(c10::ArrayRef<std::string> path) {
     auto at = resolve(path, "AnyTensorDict.erase");
     check_unlocked(*at.node, path, "AnyTensorDict.erase");
-    if (at.node->children[at.index]) at.node->children[at.index]->parent = nullptr;
+    if (at.node->children[at.index]) at.node->children[at.index]->parent.reset();
     at.node->names.erase(at.node->names.begin() + at.index);
     at.node->tensors.erase(at.node->tensors.begin() + at.index);
     at.node->children.erase(at.node->children.begin() + at.index);
@@ -295,14 +307,19 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // ---- whole-tree operations ------------------------------------------------------
 
   // A new TensorDict with f(leaf) at every leaf; a leaf for which f returns
-  // an undefined tensor is left out. The batch size stays unless one is given.
+  // an undefined tensor is left out. The batch size and device stay unless
+  // others are given (a leaf that f puts elsewhere is moved to the result's device).
   template <class F>
   AnyTensorDict apply(F&& f) const {
-    return apply(std::forward<F>(f), batch_size());
+    return apply(std::forward<F>(f), batch_size(), device());
   }
   template <class F>
   AnyTensorDict apply(F&& f, c10::IntArrayRef new_batch_size) const {
-    AnyTensorDict out(new_batch_size, device());
+    return apply(std::forward<F>(f), new_batch_size, device());
+  }
+  template <class F>
+  AnyTensorDict apply(F&& f, c10::IntArrayRef new_batch_size, std::optional<at::Device> new_device) const {
+    AnyTensorDict out(new_batch_size, new_device);
     any_key_path path;
     out.node_ = map_node(*node_, out, f, path);
     return out;
@@ -359,7 +376,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     return *this;
   }
   AnyTensorDict& unlock_() {
-    for (const detail::any_node* p = node_->parent; p; p = p->parent)
+    for (auto p = node_->parent.lock(); p; p = p->parent.lock())
       if (p->locked)
         throw lock_error("TensorDict.unlock_: this TensorDict is part of a locked TensorDict; unlock that one instead");
     set_locked(*node_, false);
@@ -369,19 +386,20 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   // ---- conversions -------------------------------------------------------------------------
 
-  // The typed form, holding the same tensors. Every key must be a leaf of S
-  // (leaves of S that are missing stay unset); every leaf's leading dims must
-  // be the batch size. One error lists every difference.
+  // The typed form, holding the same tensors. Every key must be a leaf of S,
+  // every leaf of S must be there (unless {.allow_missing = true}: missing
+  // leaves stay unset), and every leaf's leading dims must be the batch size.
+  // One key_error lists every difference.
   template <schema_type S>
-  TensorDict<S> to_typed() const {
-    return typed_from<S>(nullptr);
+  TensorDict<S> to_typed(to_typed_options options = {}) const {
+    return typed_from<S>(nullptr, options);
   }
 
   // As to_typed<S>(), and the keys, shapes and dtypes must be those of
   // `like` (e.g. from_module(net)): a leaf unset in `like` must be absent.
   template <schema_type S>
   TensorDict<S> to_typed(const TensorDict<S>& like) const {
-    return typed_from<S>(&like);
+    return typed_from<S>(&like, {});
   }
 
   // ---- printing -----------------------------------------------------------------------------
@@ -410,7 +428,6 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   AnyTensorDict(std::shared_ptr<detail::any_root> root, std::shared_ptr<detail::any_node> node)
       : root_(std::move(root)), node_(std::move(node)) {}
 
-  void set_device_(at::Device device) { root_->device = device; }
 
   template <class... Keys>
   static any_key_path path_of(const Keys&... keys) {
@@ -590,7 +607,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
 
   template <schema_type S>
-  TensorDict<S> typed_from(const TensorDict<S>* like) const {
+  TensorDict<S> typed_from(const TensorDict<S>* like, to_typed_options options) const {
     std::string problems;
     auto problem = [&](std::string text) { problems += "\n  " + text; };
     std::array<at::Tensor, S::leaf_count> leaves;
@@ -618,6 +635,10 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       for (std::size_t i = 0; i < S::leaf_count; ++i)
         if (like->leaf(i).defined() && !leaves[i].defined() && !contains_path(leaf_path<S>(i)))
           problem(to_string(leaf_path<S>(i)) + ": missing (expected " + describe(like->leaf(i)) + ")");
+    } else if (!options.allow_missing) {
+      for (std::size_t i = 0; i < S::leaf_count; ++i)
+        if (!leaves[i].defined() && !contains_path(leaf_path<S>(i)))
+          problem(to_string(leaf_path<S>(i)) + ": missing (to_typed<S>({.allow_missing = true}) leaves it unset)");
     }
     if (!problems.empty())
       throw key_error("AnyTensorDict.to_typed: the TensorDict does not match the schema:" + problems);
@@ -667,7 +688,7 @@ inline AnyTensorDict unflatten_if_flat(const AnyTensorDict& td) {
   return flat && dotted ? td.unflatten_keys(".") : td;
 }
 
-// The leaves of several TensorDicts with the same keys, joined by `join`.
+// The leaves of several TensorDicts with the same keys, joined by join(path, parts).
 template <class Join>
 AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op, c10::IntArrayRef batch, Join&& join) {
   const AnyTensorDict& first = tds[0];
@@ -683,7 +704,7 @@ AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op,
         throw dtype_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) + " in TensorDict 0 but " +
                           describe(parts[k]) + " in TensorDict " + std::to_string(k));
     }
-    out.set(path, join(parts));
+    out.set(path, join(path, parts));
   });
   for (std::size_t k = 1; k < tds.size(); ++k)
     if (tds[k].leaf_count() != first.leaf_count())
@@ -707,13 +728,15 @@ inline AnyTensorDict stack(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 
                         " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(tds[k].batch_size()));
   std::vector<std::int64_t> batch(tds[0].batch_size().begin(), tds[0].batch_size().end());
   batch.insert(batch.begin() + dim, static_cast<std::int64_t>(tds.size()));
-  return detail::join_tensordicts(tds, "tensordict::stack", batch, [&](const std::vector<at::Tensor>& parts) {
-    for (std::size_t k = 1; k < parts.size(); ++k)
-      if (parts[k].sizes() != parts[0].sizes())
-        throw shape_error("tensordict::stack: a leaf is " + describe(parts[0]) + " in TensorDict 0 but " +
-                          describe(parts[k]) + " in TensorDict " + std::to_string(k));
-    return at::stack(parts, dim);
-  });
+  return detail::join_tensordicts(tds, "tensordict::stack", batch,
+                                  [&](const any_key_path& path, const std::vector<at::Tensor>& parts) {
+                                    for (std::size_t k = 1; k < parts.size(); ++k)
+                                      if (parts[k].sizes() != parts[0].sizes())
+                                        throw shape_error("tensordict::stack: the leaf " + to_string(path) + " is " +
+                                                          describe(parts[0]) + " in TensorDict 0 but " +
+                                                          describe(parts[k]) + " in TensorDict " + std::to_string(k));
+                                    return at::stack(parts, dim);
+                                  });
 }
 inline AnyTensorDict stack(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
   return stack(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);
@@ -738,8 +761,18 @@ inline AnyTensorDict cat(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0)
                         " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(b));
     batch[dim] += b[dim];
   }
-  return detail::join_tensordicts(tds, "tensordict::cat", batch,
-                                  [&](const std::vector<at::Tensor>& parts) { return at::cat(parts, dim); });
+  return detail::join_tensordicts(
+      tds, "tensordict::cat", batch, [&](const any_key_path& path, const std::vector<at::Tensor>& parts) {
+        for (std::size_t k = 1; k < parts.size(); ++k) {
+          bool fits = parts[k].dim() == parts[0].dim();
+          for (std::int64_t d = 0; fits && d < parts[0].dim(); ++d) fits = d == dim || parts[k].size(d) == parts[0].size(d);
+          if (!fits)
+            throw shape_error("tensordict::cat: the leaf " + to_string(path) + " is " + describe(parts[0]) +
+                              " in TensorDict 0 but " + describe(parts[k]) + " in TensorDict " + std::to_string(k) +
+                              "; only batch dim " + std::to_string(dim) + " may differ");
+        }
+        return at::cat(parts, dim);
+      });
 }
 inline AnyTensorDict cat(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
   return cat(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);

@@ -20,14 +20,19 @@
 //
 // Engine: ProcessGroupGloo (CPU tensors) from libtorch, with libgloo-dev's
 // headers; ProcessGroupNCCL for CUDA tensors when the libtorch build has it.
-// Without Gloo's headers (or with TENSORDICT_NO_DISTRIBUTED defined) this
-// header is empty but for TENSORDICT_HAS_DISTRIBUTED 0.
+// libtorch declares ProcessGroupGloo only under USE_C10D_GLOO, which must be
+// defined for the whole translation unit (on the command line: Meson's
+// tensordict_distributed_dep adds it), not by this header: a libtorch header
+// included before it would have been read without. The umbrella header
+// tensordict.hpp leaves this one out. Without Gloo's headers (or with
+// TENSORDICT_NO_DISTRIBUTED defined) this header is empty but for
+// TENSORDICT_HAS_DISTRIBUTED 0.
 #pragma once
 
 #if !defined(TENSORDICT_NO_DISTRIBUTED) && __has_include(<gloo/config.h>) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>)
 #define TENSORDICT_HAS_DISTRIBUTED 1
 #ifndef USE_C10D_GLOO
-#define USE_C10D_GLOO  // libtorch's headers declare ProcessGroupGloo only under it
+#error "tensordict/distributed.hpp needs -DUSE_C10D_GLOO on the command line (libtorch declares ProcessGroupGloo only under it): use Meson's tensordict_distributed_dep, or add the flag, or define TENSORDICT_NO_DISTRIBUTED to leave this header empty"
 #endif
 #else
 #define TENSORDICT_HAS_DISTRIBUTED 0
@@ -66,17 +71,13 @@
 #define TENSORDICT_HAS_NCCL 0
 #endif
 
+#define TENSORDICT_COMPAT_C10D
 #include "any_tensordict.hpp"
+#include "detail/compat.hpp"
 #include "errors.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict {
-
-// A collective failed: a rank died, the timeout passed, or the ranks' TensorDicts differ.
-class distributed_error : public error {
- public:
-  using error::error;
-};
 
 namespace distributed {
 
@@ -116,6 +117,7 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const group_opt
       tcp.isServer = options.rank == 0;
       tcp.numWorkers = options.world_size;
       tcp.timeout = options.timeout;
+      ::tensordict::detail::compat::use_classic_tcp_server(tcp);
       store = c10::make_intrusive<c10d::TCPStore>(t.host, tcp);
     }
     store->setTimeout(options.timeout);
@@ -123,7 +125,9 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const group_opt
     if (options.engine == backend::nccl || (options.engine == backend::automatic && at::hasCUDA())) {
       auto nccl = c10d::ProcessGroupNCCL::Options::create();
       nccl->timeout = options.timeout;
-      return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, options.rank, options.world_size, nccl);
+      return ::tensordict::detail::compat::as_process_group(
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, options.rank, options.world_size, nccl), store,
+          ::tensordict::detail::compat::c10d_engine::nccl);
     }
 #else
     if (options.engine == backend::nccl)
@@ -131,7 +135,9 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const group_opt
 #endif
     auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.interface_host));
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.world_size, gloo);
+    return ::tensordict::detail::compat::as_process_group(
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.world_size, gloo), store,
+        ::tensordict::detail::compat::c10d_engine::gloo);
   } catch (const tensordict::error&) {
     throw;
   } catch (const std::exception& e) {

@@ -94,7 +94,7 @@ module_kind kind_of() {
                       { functional<Impl>::forward(m, p, x) } -> std::convertible_to<at::Tensor>;
                     })
         kind.forward = [](torch::nn::Module& m, const AnyTensorDict& p, const at::Tensor& x) -> at::Tensor {
-          return functional<Impl>::forward(dynamic_cast<Impl&>(m), p.to_typed<S>(), x);
+          return functional<Impl>::forward(dynamic_cast<Impl&>(m), p.to_typed<S>({.allow_missing = true}), x);
         };
     }
     if constexpr (has_batched_form<Impl>) {
@@ -103,7 +103,7 @@ module_kind kind_of() {
         auto& impl = dynamic_cast<Impl&>(m);
         if constexpr (requires { batched<Impl>::supports(impl); })
           if (!batched<Impl>::supports(impl)) return std::nullopt;
-        return batched<Impl>::forward(impl, p.to_typed<S>(), x, ctx);
+        return batched<Impl>::forward(impl, p.to_typed<S>({.allow_missing = true}), x, ctx);
       };
     }
     return kind;
@@ -292,11 +292,14 @@ AnyTensorDict from_module(M&& module) {
 // stack unwinding. release() keeps the new tensors and returns the originals.
 class [[nodiscard]] dynamic_module_swap {
  public:
-  dynamic_module_swap(torch::nn::Module& module, const AnyTensorDict& params, const char* op = "tensordict::to_module") {
+  dynamic_module_swap(torch::nn::Module& module, const AnyTensorDict& params, swap_mode mode = swap_mode::keep_module_flags,
+                      const char* op = "tensordict::to_module") {
     auto targets = detail::resolve_targets(module, detail::unflatten_if_flat(params), 0, op);
     saved_.reserve(targets.size());
     for (auto& t : targets) {
-      saved s{t.path, t.member, t.registry, std::exchange(*t.member, t.value), {}};
+      saved s{t.path, t.member, t.registry, {}, {}, {}};
+      if (auto change = detail::adopt_requires_grad(t.value, *t.member, mode)) s.flag = std::move(*change);
+      s.old_member = std::exchange(*t.member, t.value);
       s.old_registry = std::exchange(*t.registry, t.value);
       saved_.push_back(std::move(s));
     }
@@ -312,6 +315,7 @@ class [[nodiscard]] dynamic_module_swap {
     for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
       *it->member = std::move(it->old_member);
       *it->registry = std::move(it->old_registry);
+      it->flag.undo();
     }
     active_ = false;
   }
@@ -330,6 +334,7 @@ class [[nodiscard]] dynamic_module_swap {
     at::Tensor* registry;
     at::Tensor old_member;
     at::Tensor old_registry;
+    detail::flag_change flag;
   };
   std::vector<saved> saved_;
   bool active_ = false;
@@ -339,8 +344,8 @@ class [[nodiscard]] dynamic_module_swap {
 // params may hold a subset of the module's tensors, nested or flat ("0.weight").
 template <class M>
   requires std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>> || nn::dynamic_module<M>
-dynamic_module_swap to_module(const AnyTensorDict& params, M&& module) {
-  return dynamic_module_swap(detail::dynamic_ref(module), params);
+dynamic_module_swap to_module(const AnyTensorDict& params, M&& module, swap_mode mode = swap_mode::keep_module_flags) {
+  return dynamic_module_swap(detail::dynamic_ref(module), params, mode);
 }
 
 // Copies the values into the module's own tensors (no swap, no gradient tracking).
@@ -418,7 +423,8 @@ inline at::Tensor dynamic_call(torch::nn::Module& m, torch::nn::AnyModule* any, 
     (void)resolve_targets(m, params, 0, "tensordict::functional_call");  // the keys, shapes and dtypes
     return kind->forward(m, with_module_tensors(m, params), input);
   }
-  dynamic_module_swap swap(m, params, "tensordict::functional_call");
+  std::lock_guard<std::recursive_mutex> serialized(::tensordict::detail::swap_call_lock());
+  dynamic_module_swap swap(m, params, swap_mode::as_given, "tensordict::functional_call");
   return call_forward();
 }
 }  // namespace detail
@@ -451,7 +457,8 @@ auto functional_call(M&& module, const AnyTensorDict& params, Args&&... args) {
       return at::Tensor(kind->forward(impl, detail::with_module_tensors(impl, p), args...));
     }
   }
-  dynamic_module_swap swap(impl, p, "tensordict::functional_call");
+  std::lock_guard<std::recursive_mutex> serialized(::tensordict::detail::swap_call_lock());
+  dynamic_module_swap swap(impl, p, swap_mode::as_given, "tensordict::functional_call");
   return impl.forward(std::forward<Args>(args)...);
 }
 

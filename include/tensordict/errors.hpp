@@ -64,4 +64,11 @@ class module_error : public error {
   using error::error;
 };
 
+// A collective failed (tensordict/distributed.hpp): a rank died, the timeout
+// passed, or the ranks' TensorDicts differ.
+class distributed_error : public error {
+ public:
+  using error::error;
+};
+
 }  // namespace tensordict

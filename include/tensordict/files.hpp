@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -61,11 +62,18 @@ inline std::size_t file_dtype_index(at::ScalarType dtype, const std::string& whe
 }
 
 inline std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw file_error("tensordict::load(\"" + path + "\"): it is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw file_error("tensordict::load(\"" + path + "\"): cannot open it: " + std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw file_error("tensordict::load(\"" + path + "\"): reading failed");
-  return bytes;
+  try {  // libstdc++'s filebuf throws std::ios_base::failure on a read error
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) throw file_error("tensordict::load(\"" + path + "\"): reading failed");
+    return bytes;
+  } catch (const std::ios_base::failure& e) {
+    throw file_error("tensordict::load(\"" + path + "\"): reading failed: " + e.what());
+  }
 }
 
 // Writes next to the target and renames, so a failed save leaves an existing file whole.
@@ -230,7 +238,7 @@ inline AnyTensorDict load(const std::string& path, const load_options& options =
 // is unflattened first); unset leaves stay unset.
 template <schema_type S>
 TensorDict<S> load(const std::string& path, const load_options& options = {}) {
-  return detail::shaped_for<S>(load(path, options)).template to_typed<S>();
+  return detail::shaped_for<S>(load(path, options)).template to_typed<S>({.allow_missing = true});
 }
 
 // As load<S>, and the keys, shapes and dtypes must be those of `like`

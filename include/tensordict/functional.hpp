@@ -31,6 +31,7 @@
 #include <torch/nn/functional/normalization.h>
 #include <torch/nn/functional/padding.h>
 
+#include "detail/compat.hpp"
 #include "detail/format.hpp"
 #include "detail/module_access.hpp"
 #include "errors.hpp"
@@ -140,7 +141,8 @@ class [[nodiscard]] module_swap {
   using schema_t = nn::schema_of<Impl>;
   static constexpr std::size_t leaf_count = schema_t::leaf_count;
 
-  module_swap(Impl& module, const TensorDict<schema_t>& params) : module_(&module) {
+  module_swap(Impl& module, const TensorDict<schema_t>& params, swap_mode mode = swap_mode::keep_module_flags)
+      : module_(&module) {
     auto slots = detail::slots_of<Impl>(module);
     // Check everything before changing anything.
     for (std::size_t i = 0; i < leaf_count; ++i) {
@@ -161,6 +163,7 @@ class [[nodiscard]] module_swap {
       if (!incoming.defined()) continue;
       s.member = slots[i].member;
       s.registry = detail::registry_entry(slots[i]);
+      if (auto change = detail::adopt_requires_grad(incoming, *s.member, mode)) s.flag = std::move(*change);
       s.old_member = std::exchange(*s.member, incoming);
       if (s.registry) s.old_registry = std::exchange(*s.registry, incoming);
     }
@@ -182,6 +185,7 @@ class [[nodiscard]] module_swap {
       if (!s.member) continue;
       *s.member = std::move(s.old_member);
       if (s.registry) *s.registry = std::move(s.old_registry);
+      s.flag.undo();
     }
     module_ = nullptr;
   }
@@ -200,6 +204,7 @@ class [[nodiscard]] module_swap {
     at::Tensor* registry = nullptr;
     at::Tensor old_member;
     at::Tensor old_registry;
+    detail::flag_change flag;
   };
   Impl* module_;
   std::array<saved, leaf_count> saved_{};
@@ -231,12 +236,15 @@ decltype(auto) as_module_params(const TensorDict<S>& params) {
 }
 }  // namespace detail
 
-// Swaps the TensorDict's tensors into the module until the guard dies.
+// Swaps the TensorDict's tensors into the module until the guard dies; each
+// takes the requires_grad flag of the tensor it replaces unless mode is
+// swap_mode::as_given (see swap_mode).
 template <class Module, class S>
   requires(!nn::dynamic_module<Module>)  // those take an AnyTensorDict (dynamic_modules.hpp)
-module_swap<nn::impl_of_t<Module>> to_module(const TensorDict<S>& params, Module&& module) {
+module_swap<nn::impl_of_t<Module>> to_module(const TensorDict<S>& params, Module&& module,
+                                             swap_mode mode = swap_mode::keep_module_flags) {
   using Impl = nn::impl_of_t<Module>;
-  return module_swap<Impl>(detail::impl_ref(module), detail::as_module_params<Impl>(params));
+  return module_swap<Impl>(detail::impl_ref(module), detail::as_module_params<Impl>(params), mode);
 }
 
 // Copies the TensorDict's values into the module's own tensors (no swap, no
@@ -342,13 +350,15 @@ struct functional<Impl> {
       else
         return F::detail::conv3d(input, p.leaf(0), p.leaf(1), o.stride(), padding, o.dilation(), o.groups());
     };
-    if (c10::get_if<torch::enumtype::kZeros>(&o.padding_mode())) return conv(x, o.padding());
+    if (::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&o.padding_mode())) return conv(x, o.padding());
     F::PadFuncOptions::mode_t mode = torch::kReflect;
-    if (c10::get_if<torch::enumtype::kReplicate>(&o.padding_mode())) mode = torch::kReplicate;
-    if (c10::get_if<torch::enumtype::kCircular>(&o.padding_mode())) mode = torch::kCircular;
+    if (::tensordict::detail::compat::get_if<torch::enumtype::kReplicate>(&o.padding_mode())) mode = torch::kReplicate;
+    if (::tensordict::detail::compat::get_if<torch::enumtype::kCircular>(&o.padding_mode())) mode = torch::kCircular;
     constexpr std::size_t dims = std::is_same_v<Impl, torch::nn::Conv1dImpl> ? 1 : std::is_same_v<Impl, torch::nn::Conv2dImpl> ? 2 : 3;
-    const auto* padding = c10::get_if<torch::ExpandingArray<dims>>(&o.padding());
-    TORCH_CHECK(padding, "tensordict: a convolution with padding_mode other than zeros needs explicit padding sizes");
+    const auto* padding = ::tensordict::detail::compat::get_if<torch::ExpandingArray<dims>>(&o.padding());
+    if (!padding)
+      throw module_error("tensordict::functional_call: a convolution with padding_mode other than zeros needs explicit "
+                         "padding sizes (padding=same or valid is not supported there)");
     std::vector<std::int64_t> pad_sizes;  // F::pad wants the last dim first, each size twice
     for (std::size_t d = dims; d-- > 0;) pad_sizes.insert(pad_sizes.end(), 2, (*padding)->at(d));
     return conv(F::pad(x, F::PadFuncOptions(pad_sizes).mode(mode)), torch::ExpandingArray<dims>(0));
@@ -361,9 +371,9 @@ struct functional<torch::nn::ConvTranspose2dImpl> {
   static at::Tensor forward(const torch::nn::ConvTranspose2dImpl& m,
                             const TensorDict<schema_of<torch::nn::ConvTranspose2dImpl>>& p, const at::Tensor& x) {
     const auto& o = m.options;
-    TORCH_CHECK(c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()),
-                "tensordict: ConvTranspose2d supports only zero padding, as libtorch's own");
-    return at::conv_transpose2d(x, p.leaf(0), p.leaf(1), o.stride(), c10::get<torch::ExpandingArray<2>>(o.padding()),
+    if (!::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&o.padding_mode()))
+      throw module_error("tensordict::functional_call: ConvTranspose2d supports only zero padding, as libtorch's own");
+    return at::conv_transpose2d(x, p.leaf(0), p.leaf(1), o.stride(), ::tensordict::detail::compat::get<torch::ExpandingArray<2>>(o.padding()),
                                 o.output_padding(), o.groups(), o.dilation());
   }
 };
@@ -475,14 +485,27 @@ struct functional<SequentialImpl<Holders...>> {
       return ::tensordict::functional_call(child, params, std::forward<Input>(input));
   }
 };
+// Whether functional_call swaps tensors into a module of type Impl (true) or
+// computes without touching it (false): a module with tensors and no
+// functional form, or a typed Sequential with such a child.
+template <class Impl>
+struct touches_module : std::bool_constant<schema_of<Impl>::leaf_count != 0 && !has_functional_form<Impl>> {};
+template <class... Holders>
+struct touches_module<SequentialImpl<Holders...>> : std::disjunction<touches_module<impl_of_t<Holders>>...> {};
+template <class Impl>
+inline constexpr bool touches_module_v = touches_module<Impl>::value;
 }  // namespace nn
 
 // Calls the module's forward with `params` in place of its tensors. params
 // has the module's schema, or its flatten_keys<".">() form ("0.weight").
-// Module types with a functional form (every built-in, the typed Sequential,
-// and user modules that specialize nn::functional) never touch the module,
-// so threads may share it. Other modules are swapped with to_module for the
-// call: not thread-safe.
+// Module types with a functional form (every built-in, user modules that
+// specialize nn::functional, and a typed Sequential whose children all have
+// one: nn::touches_module_v<Impl> is false) never touch the module, so threads
+// may share it. Other modules get the tensors swapped in for the call, under
+// one process-wide lock: concurrent functional_calls stay correct but run one
+// at a time, and a forward() called directly meanwhile sees the swapped tensors.
+// BatchNorm in training writes its running statistics into params' buffers,
+// never the module's: threads that share one params TensorDict there share them.
 template <class Module, class S, class... Args>
   requires(!nn::dynamic_module<Module>)
 auto functional_call(Module&& module, const TensorDict<S>& params, Args&&... args) {
@@ -492,7 +515,8 @@ auto functional_call(Module&& module, const TensorDict<S>& params, Args&&... arg
   if constexpr (nn::has_functional_form<Impl>) {
     return nn::functional<Impl>::forward(impl, p, std::forward<Args>(args)...);
   } else {
-    auto swap = module_swap<Impl>(impl, p);
+    std::lock_guard<std::recursive_mutex> serialized(::tensordict::detail::swap_call_lock());
+    auto swap = module_swap<Impl>(impl, p, swap_mode::as_given);
     return impl.forward(std::forward<Args>(args)...);
   }
 }

@@ -181,7 +181,7 @@ template <>
 struct batched<torch::nn::Conv2dImpl> {
   static constexpr bool is_batched = true;
   static bool supports(const torch::nn::Conv2dImpl& m) {
-    return c10::get_if<torch::enumtype::kZeros>(&m.options.padding_mode()) != nullptr;
+    return ::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&m.options.padding_mode()) != nullptr;
   }
   // One grouped convolution: the sets become groups.
   static stacked forward(const torch::nn::Conv2dImpl& m, const TensorDict<schema_of<torch::nn::Conv2dImpl>>& p,
@@ -500,7 +500,9 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
   const std::int64_t chunk = options.chunk_size.value_or(sets);
   if (chunk <= 0) throw value_error("functional_vmap: chunk_size must be positive, got " + std::to_string(chunk));
   if (chunk >= sets) return unflatten_sets(run(0, sets), batch);
-  return unflatten_sets(::tensordict::detail::run_chunks(sets, chunk, options.randomness, run), batch);
+  return unflatten_sets(
+      ::tensordict::detail::run_chunks(sets, chunk, options.randomness, ::tensordict::detail::draw_device(params), run),
+      batch);
 }
 
 // args then kwargs as one tuple, and the dim of each (args are never mapped).
@@ -550,7 +552,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
     if constexpr (std::is_same_v<decltype(Method), std::nullptr_t>) {
       return functional_call(impl, p, in...);
     } else {
-      auto swap = to_module(p, impl);
+      auto swap = to_module(p, impl, swap_mode::as_given);
       return (impl.*Method)(in...);
     }
   };

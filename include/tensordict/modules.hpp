@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -157,7 +158,7 @@ class EnsembleModuleImpl : public torch::nn::Module {
   // keeps its own values.
   EnsembleModuleImpl(Member member, std::int64_t num_copies, ensemble_options options = {})
       : member_(std::move(member)), options_(options) {
-    TORCH_CHECK(num_copies > 0, "EnsembleModule: num_copies must be positive, got ", num_copies);
+    if (num_copies <= 0) throw value_error("EnsembleModule: num_copies must be positive, got " + std::to_string(num_copies));
     inner& shape = *member_->module;
     auto original = from_module(shape).detach().clone();
     std::vector<TensorDict<schema_of<inner>>> copies;

@@ -160,6 +160,14 @@ class TensorDictParamsImpl : public torch::nn::Module {
                                                   params_options{options_.no_convert, false}, kinds);
   }
 
+  // torch::nn::Module::clone, as Python's clone() (deepcopy): new tensors of
+  // the same kinds, ties kept, moved to `device` if one is given.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override {
+    auto copy = clone_params();
+    if (device) copy->to(*device);
+    return copy;
+  }
+
   void pretty_print(std::ostream& stream) const override { stream << "TensorDictParams(params=" << td_.repr() << ")"; }
 
  private:

@@ -1,9 +1,9 @@
-// tensordict-cpp: everything. Include the headers named for a concept instead
-// when compile time matters (keys.hpp and schema.hpp need no libtorch).
+// tensordict-cpp: everything but distributed.hpp (c10d and Gloo, which need
+// -DUSE_C10D_GLOO: include it on its own). Include the headers named for a
+// concept instead when compile time matters (keys.hpp and schema.hpp need no libtorch).
 #pragma once
 
 #include "any_tensordict.hpp"
-#include "distributed.hpp"
 #include "dynamic_modules.hpp"
 #include "errors.hpp"
 #include "files.hpp"

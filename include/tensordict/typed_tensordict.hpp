@@ -187,15 +187,19 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   // ---- whole-tree operations ------------------------------------------------
 
   // A new TensorDict with f(leaf) at every set leaf; f may return an undefined
-  // tensor to unset it. The batch size stays unless one is given.
+  // tensor to unset it. The batch size and device stay unless others are given
+  // (a leaf that f puts elsewhere is moved to the result's device).
   template <class F>
   TensorDict apply(F&& f) const {
-    return apply(std::forward<F>(f), batch_size());
+    return apply(std::forward<F>(f), batch_size(), device());
   }
-
   template <class F>
   TensorDict apply(F&& f, c10::IntArrayRef new_batch_size) const {
-    TensorDict out(new_batch_size, device());
+    return apply(std::forward<F>(f), new_batch_size, device());
+  }
+  template <class F>
+  TensorDict apply(F&& f, c10::IntArrayRef new_batch_size, std::optional<at::Device> new_device) const {
+    TensorDict out(new_batch_size, new_device);
     for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
       at::Tensor r = f(t);
       out.slot(i) = out.checked_leaf(std::move(r), i, "TensorDict.apply");
@@ -277,7 +281,6 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   }
 
   at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
-  void set_device_(at::Device device) { st_->device = device; }
 
   template <class F>
   void for_each_set_leaf(F&& f) const {

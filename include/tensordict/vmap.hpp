@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -21,10 +22,12 @@
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 
-#include "detail/functorch_compat.hpp"
+#define TENSORDICT_COMPAT_FUNCTORCH
+#include "detail/compat.hpp"
 #include "errors.hpp"
 #include "typed_tensordict.hpp"
 
@@ -185,17 +188,48 @@ Out concatenate(const std::vector<Out>& chunks) {
   }
 }
 
+// The device whose generator an argument's random ops draw from: a tensor's,
+// or a TensorDict's (its own, else its first leaf's); none for other values.
+template <class Arg>
+std::optional<at::Device> draw_device_of(const Arg& arg) {
+  if constexpr (is_tensor_v<Arg>) {
+    return arg.defined() ? std::optional<at::Device>(arg.device()) : std::nullopt;
+  } else if constexpr (is_td_v<Arg>) {
+    if (arg.device()) return std::optional<at::Device>(*arg.device());
+    for (const at::Tensor& t : arg.values()) return std::optional<at::Device>(t.device());
+    return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
+}
+
+template <class... Args>
+at::Device draw_device(const Args&... args) {
+  std::optional<at::Device> device;
+  ((device = device ? device : std::optional<at::Device>(draw_device_of(args))), ...);
+  return device.value_or(at::Device(at::kCPU));
+}
+
 // Calls f(start, length) for each chunk of `total` sets and joins the
-// outputs; with "same" randomness every chunk replays one generator state.
+// outputs. With "same" randomness every chunk replays one state of the
+// generator of `device` (the inputs'), read and written under its mutex so
+// that other threads' draws do not tear it; the draws themselves lock it again.
 template <class F>
-auto run_chunks(std::int64_t total, std::int64_t chunk, randomness r, F&& f) {
+auto run_chunks(std::int64_t total, std::int64_t chunk, randomness r, at::Device device, F&& f) {
   using Out = decltype(f(std::int64_t{0}, total));
   std::vector<Out> parts;
   std::optional<at::Tensor> rng_state;
-  auto generator = at::detail::getDefaultCPUGenerator();
-  if (r == randomness::same) rng_state = generator.get_state();
+  at::Generator generator;
+  if (r == randomness::same) {
+    generator = device.is_cpu() ? at::detail::getDefaultCPUGenerator() : at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    rng_state = generator.get_state();
+  }
   for (std::int64_t start = 0; start < total; start += chunk) {
-    if (rng_state) generator.set_state(*rng_state);
+    if (rng_state) {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(*rng_state);
+    }
     parts.push_back(f(start, std::min(chunk, total - start)));
   }
   return concatenate(parts);
@@ -242,7 +276,8 @@ class vmapped {
     if (chunk <= 0) throw error("vmap: chunk_size must be positive, got " + std::to_string(chunk));
     if (chunk >= batch_size) return call_once(batch_size, dims, args...);
 
-    return detail::run_chunks(batch_size, chunk, options_.randomness, [&](std::int64_t start, std::int64_t length) {
+    const at::Device device = detail::draw_device(args...);
+    return detail::run_chunks(batch_size, chunk, options_.randomness, device, [&](std::int64_t start, std::int64_t length) {
       auto narrowed = [&]<std::size_t... I>(std::index_sequence<I...>) {
         return std::make_tuple(detail::narrow_arg(args, dims[I], start, length)...);
       }(std::index_sequence_for<Args...>{});

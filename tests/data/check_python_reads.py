@@ -3,7 +3,8 @@
 
 Usage: check_python_reads.py UNIT_TESTS_BINARY
 Runs the hidden "[.python_interop]" test case to write the files, then loads
-them with torch. Exits 77 (skipped) when this Python has no torch: the test
+them with torch: with torch.load's default (weights_only=True from torch 2.6
+on), and with weights_only=True and weights_only=False spelled out. Exits 77 (skipped) when this Python has no torch: the test
 suite never needs Python, this check runs where python3-torch is installed.
 """
 import os
@@ -25,10 +26,8 @@ def value(shape, scale=0.5, dtype=torch.float32):
     return (torch.arange(n, dtype=torch.float64) * scale).reshape(shape).to(dtype)
 
 
-with tempfile.TemporaryDirectory() as out:
-    subprocess.run([sys.argv[1], "[.python_interop]"], check=True, env=dict(os.environ, TENSORDICT_OUT=out),
-                   stdout=subprocess.DEVNULL)
-    nested = torch.load(os.path.join(out, "nested.pt"))
+def check(out, **load_options):
+    nested = torch.load(os.path.join(out, "nested.pt"), **load_options)
     assert type(nested) is dict, type(nested)
     assert list(nested) == ["0", "steps", "t", "tied", "one"], list(nested)
     assert torch.equal(nested["0"]["weight"], value((4, 3)))
@@ -38,10 +37,19 @@ with tempfile.TemporaryDirectory() as out:
     assert nested["tied"].data_ptr() == nested["0"]["weight"].data_ptr(), "shared storage is kept"
     assert torch.equal(nested["one"]["entry"], value((2,)))
 
-    flat = torch.load(os.path.join(out, "flat.pt"))
+    flat = torch.load(os.path.join(out, "flat.pt"), **load_options)
     assert list(flat) == ["0.weight", "0.bias", "steps", "t", "tied", "one.entry"], list(flat)
     # A flat file is a state_dict: a Linear(3, 4) takes the "0." entries.
     linear = torch.nn.Linear(3, 4)
     linear.load_state_dict({"weight": flat["0.weight"], "bias": flat["0.bias"].float()})
     assert torch.equal(linear.weight.detach(), value((4, 3)))
-print("torch", torch.__version__, "reads tensordict::save files: nested and flat layouts, dtypes, strides, shared storage")
+
+
+with tempfile.TemporaryDirectory() as out:
+    subprocess.run([sys.argv[1], "[.python_interop]"], check=True, env=dict(os.environ, TENSORDICT_OUT=out),
+                   stdout=subprocess.DEVNULL)
+    check(out)
+    check(out, weights_only=True)
+    check(out, weights_only=False)
+print("torch", torch.__version__, "reads tensordict::save files (default, weights_only=True and False):",
+      "nested and flat layouts, dtypes, strides, shared storage")

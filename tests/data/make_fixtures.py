@@ -1,16 +1,21 @@
 #!/usr/bin/python3
 """Writes the torch.save fixtures that tests/test_files.cpp reads.
 
-Run with Debian's python3-torch (1.13): /usr/bin/python3 tests/data/make_fixtures.py
+Run with Debian's python3-torch: /usr/bin/python3 tests/data/make_fixtures.py
+Torch 1.x (Debian 12) writes into tests/data, torch 2.x (Debian 13, inside
+the root of .ci/debian13) into tests/data/torch-<major>.<minor>.
 The tensors hold values that the C++ tests can compute without Python:
 value(shape, scale) = arange(numel).reshape(shape) * scale.
 """
-import collections
 import os
 
 import torch
 
+major, minor = (int(part) for part in torch.__version__.split(".")[:2])
 here = os.path.dirname(os.path.abspath(__file__))
+if major >= 2:
+    here = os.path.join(here, f"torch-{major}.{minor}")
+    os.makedirs(here, exist_ok=True)
 
 
 def value(shape, scale=0.5, dtype=torch.float32):
@@ -54,13 +59,28 @@ save({"model": net.state_dict(), "epoch": 3}, "checkpoint.pt")
 # BatchNorm's buffers: an int64 0-dim num_batches_tracked.
 bn = torch.nn.BatchNorm1d(3)
 save(bn.state_dict(), "batchnorm.pt")
+# The floating and integer dtypes, bfloat16 among them.
+save({
+    "bf16": value((2, 3), 0.5, torch.bfloat16),
+    "f16": value((3,), 0.25, torch.float16),
+    "f64": value((2, 2), 0.1, torch.float64),
+    "i8": value((4,), 1.0, torch.int8),
+    "u8": value((4,), 2.0, torch.uint8),
+    "i32": value((2,), 3.0, torch.int32),
+    "b": torch.tensor([True, False]),
+}, "dtypes.pt")
 # The legacy format, which the loader refuses with a clear error.
 save({"weight": value((2,))}, "legacy.pt", _use_new_zipfile_serialization=False)
 print("fixtures written to", here)
 
 # Numeric parity: 3 differently initialised Sequential(Linear(3, 4), Tanh(), Linear(4, 2)) run
-# with functorch.vmap over their stacked parameters (the reference's ensemble recipe).
-import functorch  # noqa: E402
+# with functorch.vmap over their stacked parameters (the reference's ensemble recipe;
+# torch.func in 2.x).
+if major >= 2:
+    from torch.func import functional_call, vmap
+else:
+    from functorch import vmap
+    from torch.nn.utils.stateless import functional_call
 
 nets = []
 for seed in range(3):
@@ -73,10 +93,10 @@ x = torch.randn(5, 3)
 
 
 def call(params, inputs):
-    return torch.nn.utils.stateless.functional_call(nets[0], params, (inputs,))
+    return functional_call(nets[0], params, (inputs,))
 
 
-y = functorch.vmap(call, in_dims=(0, None))(stacked, x)
+y = vmap(call, in_dims=(0, None))(stacked, x)
 save({"stacked": stacked, "x": x, "y": y.detach()}, "ensemble_parity.pt")
 
 # Pickle protocol 4 (FRAME, SHORT_BINUNICODE, MEMOIZE, STACK_GLOBAL), as torch.save(..., pickle_protocol=4) writes.

@@ -1,11 +1,21 @@
 // The registries of a torch::nn::Module (its parameters_ and buffers_ dicts),
 // which to_module must update so that named_parameters() and the state dict
-// show the swapped tensors. libtorch 1.13 offers no way to replace a
-// registered tensor (register_parameter refuses an existing name), so this
-// reaches the members through an explicit instantiation, which the standard
-// exempts from access checks. Kept in this one header: it depends on
-// libtorch's member names.
+// show the swapped tensors. libtorch offers no way to replace a registered
+// tensor (register_parameter and register_buffer refuse an existing name).
+//   parameters_ is protected: a class derived from Module names it legally.
+//   buffers_ is private: only a template argument of an explicit
+//   specialization may name it without an access check (C++20, P0692). Such a
+//   specialization is a class definition, allowed in every translation unit
+//   like any other (unlike an explicit instantiation definition, which the
+//   standard allows once per program); naming it forces the implicit
+//   instantiation that defines the friend below, an inline function.
+// Kept in this one header: it depends on libtorch's member names.
 #pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <string>
 
 #include <torch/nn/module.h>
 #include <torch/ordered_dict.h>
@@ -14,22 +24,73 @@ namespace tensordict::detail {
 
 using tensor_registry = torch::OrderedDict<std::string, at::Tensor>;
 
-template <auto Member, class Tag>
-struct grant_access {
-  friend constexpr auto member_pointer(Tag) { return Member; }
+struct module_parameters_access : torch::nn::Module {
+  static tensor_registry& of(torch::nn::Module& m) { return m.*(&module_parameters_access::parameters_); }
 };
 
-struct module_parameters_tag {
-  friend constexpr auto member_pointer(module_parameters_tag);
-};
 struct module_buffers_tag {
   friend constexpr auto member_pointer(module_buffers_tag);
 };
+template <class Tag, auto Member>
+struct grant_access {
+  friend constexpr auto member_pointer(Tag) { return Member; }
+};
+template <class Grant, std::size_t = sizeof(Grant)>  // sizeof: Grant is instantiated
+struct instantiate {};
+template <>
+struct instantiate<grant_access<module_buffers_tag, &torch::nn::Module::buffers_>> {};
 
-template struct grant_access<&torch::nn::Module::parameters_, module_parameters_tag>;
-template struct grant_access<&torch::nn::Module::buffers_, module_buffers_tag>;
-
-inline tensor_registry& module_parameters(torch::nn::Module& m) { return m.*member_pointer(module_parameters_tag{}); }
+inline tensor_registry& module_parameters(torch::nn::Module& m) { return module_parameters_access::of(m); }
 inline tensor_registry& module_buffers(torch::nn::Module& m) { return m.*member_pointer(module_buffers_tag{}); }
 
 }  // namespace tensordict::detail
+
+namespace tensordict {
+
+// How to_module installs a TensorDict's tensors in a module. Either way a
+// tensor replaces the registry entry of the one it swaps out, so a parameter
+// stays a parameter and a buffer a buffer (named_parameters, named_buffers).
+enum class swap_mode {
+  // As Python tensordict's to_module: each swapped-in tensor takes the
+  // requires_grad flag of the module's tensor it replaces (a detached copy
+  // over a trainable bias is trainable during the swap; a frozen weight stays
+  // frozen), and gets its own flag back when the swap ends. Only leaf tensors
+  // take a flag (autograd refuses it on others, which track their history).
+  keep_module_flags,
+  // The tensors exactly as given (functional_call and vmap swap this way:
+  // they compute with the caller's tensors).
+  as_given,
+};
+
+namespace detail {
+
+// functional_call on a module without a functional form swaps the tensors in
+// for the call: under this one process-wide lock, so that concurrent calls
+// compute with their own tensors (serialized). Recursive: a forward may call
+// functional_call again.
+inline std::recursive_mutex& swap_call_lock() {
+  static std::recursive_mutex lock;
+  return lock;
+}
+
+// A requires_grad flag that a swap changed, to put back when it ends.
+struct flag_change {
+  at::Tensor tensor;
+  bool old_value = false;
+  void undo() noexcept {
+    if (tensor.defined()) tensor.set_requires_grad(old_value);
+  }
+};
+
+inline std::optional<flag_change> adopt_requires_grad(const at::Tensor& incoming, const at::Tensor& current, swap_mode mode) {
+  if (mode != swap_mode::keep_module_flags || !incoming.defined() || !current.defined()) return std::nullopt;
+  const bool wanted = current.requires_grad();
+  if (incoming.requires_grad() == wanted || !incoming.is_leaf() || !(at::isFloatingType(incoming.scalar_type()) || at::isComplexType(incoming.scalar_type())))
+    return std::nullopt;
+  flag_change change{incoming, incoming.requires_grad()};
+  incoming.set_requires_grad(wanted);
+  return change;
+}
+
+}  // namespace detail
+}  // namespace tensordict

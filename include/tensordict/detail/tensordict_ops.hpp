@@ -1,6 +1,6 @@
 // The verbs that the typed TensorDict and AnyTensorDict share, written once
-// over what each provides: apply(f[, batch_size]), values() (the leaves
-// themselves, in order), batch_size() and set_device_(device).
+// over what each provides: apply(f[, batch_size[, device]]), values() (the
+// leaves themselves, in order) and batch_size().
 #pragma once
 
 #include <cstdint>
@@ -79,10 +79,9 @@ class tensordict_ops {
   Derived to(at::ScalarType dtype) const {
     return self().apply([&](const at::Tensor& t) { return t.to(dtype); });
   }
+  // The result is built on `device`, so its leaves are never moved back to the old one.
   Derived to(at::Device device) const {
-    Derived out = self().apply([&](const at::Tensor& t) { return t.to(device); });
-    out.set_device_(device);
-    return out;
+    return self().apply([&](const at::Tensor& t) { return t.to(device); }, self().batch_size(), device);
   }
 
   // Element-wise comparisons with a scalar, as a TensorDict of bool tensors.
@@ -109,8 +108,12 @@ class tensordict_ops {
   // libtorch gives views (integers, slices).
   Derived index(c10::ArrayRef<at::indexing::TensorIndex> indices) const {
     auto batch = batch_indices(indices, self().batch_size().size());
-    // The result's batch size is what the same index does to a tensor of the batch shape.
-    auto probe = at::zeros({}, at::kByte).expand(self().batch_size()).index(batch);
+    // The result's batch size is what the same index does to a tensor of the
+    // batch shape, on the device of the index tensors (a CUDA mask cannot index a CPU tensor).
+    at::Device probe_device = at::kCPU;
+    for (const auto& i : batch)
+      if (i.is_tensor()) probe_device = i.tensor().device();
+    auto probe = at::zeros({}, at::TensorOptions(at::kByte).device(probe_device)).expand(self().batch_size()).index(batch);
     return self().apply([&](const at::Tensor& t) { return t.index(batch); }, probe.sizes());
   }
   Derived index(std::initializer_list<at::indexing::TensorIndex> indices) const {

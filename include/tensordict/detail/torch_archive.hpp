@@ -674,13 +674,17 @@ inline std::unique_ptr<dict_record> parse(std::string_view file, bool verify_che
       if (e.name == name) return &e;
     return nullptr;
   };
+  // Every record, read or not (torch 2.x adds .data/serialization_id), once.
+  if (verify_checksums)
+    for (const auto& e : entries) {
+      std::string_view bytes = file.substr(e.offset, e.size);
+      if (crc32(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()) != e.crc)
+        throw file_error("the record \"" + e.name + "\" is corrupted (its CRC-32 does not match)");
+    }
   auto record = [&](const std::string& name) {
     const zip_entry* e = find(prefix + name);
     if (!e) throw file_error("the archive has no record \"" + prefix + name + "\"");
-    std::string_view bytes = file.substr(e->offset, e->size);
-    if (verify_checksums && crc32(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()) != e->crc)
-      throw file_error("the record \"" + e->name + "\" is corrupted (its CRC-32 does not match)");
-    return bytes;
+    return file.substr(e->offset, e->size);
   };
   if (!find(prefix + "data.pkl")) {
     if (find(prefix + "constants.pkl") || find("constants.pkl"))
