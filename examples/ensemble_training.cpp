@@ -1,6 +1,8 @@
 // An ensemble of 8 MLPs trained together on a synthetic regression task:
 // one EnsembleModule, one Adam optimizer over its stacked parameters, one
 // lowered functional_vmap call per step. Run: build/examples/ensemble_training
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 
@@ -33,14 +35,19 @@ int main() {
               ensemble->params->tensordict().repr().c_str());
 
   const int steps = 300;
+  // A live progress line on a terminal; in a log, one line per report.
+  const bool terminal = isatty(STDERR_FILENO) != 0;
   for (int step = 1; step <= steps; ++step) {
     adam.zero_grad();
     at::Tensor per_member = (ensemble->forward(batch).get<"y">() - target).pow(2).mean({1, 2});  // [8]
     per_member.sum().backward();
     adam.step();
-    std::fprintf(stderr, "\rtraining: step %d/%d, mean loss %.4f", step, steps, per_member.mean().item<double>());
+    if (terminal)
+      std::fprintf(stderr, "\rtraining: step %d/%d, mean loss %.4f", step, steps, per_member.mean().item<double>());
+    else if (step % 50 == 0)
+      std::fprintf(stderr, "training: step %d/%d, mean loss %.4f\n", step, steps, per_member.mean().item<double>());
     if (step % 50 == 0) {
-      std::fprintf(stderr, "\n");
+      if (terminal) std::fprintf(stderr, "\n");
       std::printf("step %3d loss per member:", step);
       for (std::int64_t m = 0; m < per_member.size(0); ++m) std::printf(" %.4f", per_member[m].item<double>());
       std::printf("\n");
