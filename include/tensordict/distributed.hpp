@@ -30,9 +30,11 @@
 #pragma once
 
 #if !defined(TENSORDICT_NO_DISTRIBUTED) && __has_include(<gloo/config.h>) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>)
+#ifdef USE_C10D_GLOO
 #define TENSORDICT_HAS_DISTRIBUTED 1
-#ifndef USE_C10D_GLOO
+#else
 #error "tensordict/distributed.hpp needs -DUSE_C10D_GLOO on the command line (libtorch declares ProcessGroupGloo only under it): use Meson's tensordict_distributed_dep, or add the flag, or define TENSORDICT_NO_DISTRIBUTED to leave this header empty"
+#define TENSORDICT_HAS_DISTRIBUTED 0  // one error, not a cascade
 #endif
 #else
 #define TENSORDICT_HAS_DISTRIBUTED 0
