@@ -117,9 +117,11 @@ void check_registry_matches_schema(const Impl& m) {
 // The module's parameters and buffers as a TensorDict with batch_size [],
 // holding the module's own tensors (same TensorImpl). Unset leaves stand for
 // tensors the module does not have (a Linear built with bias(false)).
+// (The return type is deduced: clang would form TensorDict<schema_of<...>>
+// for a run-time module before its requires clause excludes this overload.)
 template <class Module>
   requires(!nn::dynamic_module<Module>)
-TensorDict<nn::schema_of<nn::impl_of_t<Module>>> from_module(Module&& module) {
+auto from_module(Module&& module) {
   using Impl = nn::impl_of_t<Module>;
   auto& impl = detail::impl_ref(module);
   detail::check_registry_matches_schema(impl);
@@ -284,7 +286,7 @@ struct from_modules_of_different_types {
 // The leaves are new tensors: gradients reach them, not the modules' own.
 template <class Module>
   requires(!nn::dynamic_module<Module>)
-TensorDict<nn::schema_of<nn::impl_of_t<Module>>> from_modules(const std::vector<Module>& modules) {
+auto from_modules(const std::vector<Module>& modules) {
   using S = nn::schema_of<nn::impl_of_t<Module>>;
   if (modules.empty()) throw shape_error("tensordict::from_modules: needs at least one module");
   std::vector<TensorDict<S>> each;

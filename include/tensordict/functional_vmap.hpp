@@ -558,10 +558,12 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
   };
   auto lowered = [&impl](const TensorDict<schema_of<Impl>>& p, const stacked& x,
                          const batch_context& ctx) -> std::optional<stacked> {
-    if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && has_batched_form<Impl>)
+    if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && has_batched_form<Impl>) {
       return call_stacked(impl, p, x, ctx);
-    else
+    } else {
+      (void)impl;  // used by the lowered branch only
       return std::nullopt;
+    }
   };
   return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims,
                                      std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered);

@@ -272,7 +272,7 @@ namespace tensordict {
 // from_module(m, nn::as_module): the module's own tensors in a TensorDictParams,
 // each registered as the module registered it.
 template <class Module>
-nn::TensorDictParams<nn::schema_of<nn::impl_of_t<Module>>> from_module(Module&& module, nn::as_module_t) {
+auto from_module(Module&& module, nn::as_module_t) {
   using S = nn::schema_of<nn::impl_of_t<Module>>;
   auto& impl = detail::impl_ref(module);
   return nn::TensorDictParams<S>(
@@ -281,7 +281,7 @@ nn::TensorDictParams<nn::schema_of<nn::impl_of_t<Module>>> from_module(Module&& 
 
 // from_modules(ms, nn::as_module): the stacked parameters in a TensorDictParams, for an optimizer.
 template <class Module>
-nn::TensorDictParams<nn::schema_of<nn::impl_of_t<Module>>> from_modules(const std::vector<Module>& modules, nn::as_module_t) {
+auto from_modules(const std::vector<Module>& modules, nn::as_module_t) {
   using S = nn::schema_of<nn::impl_of_t<Module>>;
   auto kinds = nn::detail::kinds_of(detail::impl_ref(modules.at(0)));
   return nn::TensorDictParams<S>(std::make_shared<nn::TensorDictParamsImpl<S>>(from_modules(modules), nn::params_options{}, kinds));
