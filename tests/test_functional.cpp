@@ -320,24 +320,32 @@ TEST_CASE("functional_call of BatchNorm in training updates the TensorDict's sta
   CHECK(stats.get<"running_mean">().allclose(bn->running_mean));
 }
 
-TEST_CASE("functional_call is safe from two threads on one module", "[functional]") {
-  auto net = make_mlp();
-  auto x = at::randn({5, 3});
+namespace {
+// Calls functional_call from two threads, 2000 times each with its own parameters; counts results
+// that differ from the serial ones.
+template <class Net>
+int wrong_results_from_two_threads(Net& net, const at::Tensor& x) {
   auto a = from_module(net).detach().clone();
   auto b = a.apply([](const at::Tensor& t) { return t * -3; });
   const at::Tensor expected_a = functional_call(net, a, x);
   const at::Tensor expected_b = functional_call(net, b, x);
   REQUIRE(!expected_a.allclose(expected_b));
   std::atomic<int> wrong{0};
-  auto worker = [&](const TensorDict<tdn::schema_of<mlp_t::Impl>>& params, const at::Tensor& expected) {
+  auto worker = [&](const auto& params, const at::Tensor& expected) {
     for (int i = 0; i < 2000; ++i)
       if (!functional_call(net, params, x).equal(expected)) ++wrong;
   };
-  std::thread t1(worker, std::cref(a), std::cref(expected_a));
-  std::thread t2(worker, std::cref(b), std::cref(expected_b));
+  std::thread t1([&] { worker(a, expected_a); });
+  std::thread t2([&] { worker(b, expected_b); });
   t1.join();
   t2.join();
-  CHECK(wrong == 0);
+  return wrong;
+}
+}  // namespace
+
+TEST_CASE("functional_call is safe from two threads on one module", "[functional][threads]") {
+  auto net = make_mlp();
+  CHECK(wrong_results_from_two_threads(net, at::randn({5, 3})) == 0);
 }
 
 TEST_CASE("to_module keeps the module's requires_grad flags; swap_mode::as_given installs tensors as they are", "[functional]") {
@@ -393,28 +401,6 @@ struct tensordict::nn::functional<ShiftImpl> {
   }
 };
 
-namespace {
-// Calls functional_call from two threads, 2000 times each with its own parameters; counts results
-// that differ from the serial ones.
-template <class Net>
-int wrong_results_from_two_threads(Net& net, const at::Tensor& x) {
-  auto a = from_module(net).detach().clone();
-  auto b = a.apply([](const at::Tensor& t) { return t * -3; });
-  const at::Tensor expected_a = functional_call(net, a, x);
-  const at::Tensor expected_b = functional_call(net, b, x);
-  REQUIRE(!expected_a.allclose(expected_b));
-  std::atomic<int> wrong{0};
-  auto worker = [&](const auto& params, const at::Tensor& expected) {
-    for (int i = 0; i < 2000; ++i)
-      if (!functional_call(net, params, x).equal(expected)) ++wrong;
-  };
-  std::thread t1([&] { worker(a, expected_a); });
-  std::thread t2([&] { worker(b, expected_b); });
-  t1.join();
-  t2.join();
-  return wrong;
-}
-}  // namespace
 
 TEST_CASE("functional_call on a Sequential with a user module: which calls touch the module, and threads", "[functional][threads]") {
   // Issue 12, defect 3: the README said the typed Sequential never touches the module, but a child
