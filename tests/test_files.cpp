@@ -16,8 +16,13 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
 
+#include <caffe2/serialize/inline_container.h>
+#include <nlohmann/json.hpp>
+
 #include <tensordict/files.hpp>
 #include <tensordict/functional.hpp>
+#include <tensordict/memmap.hpp>
+#include <tensordict/safetensors.hpp>
 
 using namespace tensordict;
 using test::Contains;
@@ -52,6 +57,32 @@ bool loads(std::string_view bytes) {
 std::string bytes_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A folder removed with its contents at the end of the test.
+struct temporary_dir {
+  std::filesystem::path path;
+  explicit temporary_dir(const std::string& name) : path(temporary(name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~temporary_dir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+template <class Load>
+bool refuses_cleanly(Load&& load) {
+  try {
+    load();
+    return false;
+  } catch (const file_error&) {
+    return true;
+  }
 }
 }  // namespace
 
@@ -247,10 +278,16 @@ TEST_CASE("load: files that are not torch.save dicts throw file_error", "[files]
   CHECK_THROWS_WITH(load_from_string(std::string(100, 'x')), Contains("no zip end record"));
 
   // A pickle whose root is a list, in a well-formed archive.
-  tensordict::detail::archive::zip_writer zip;
-  zip.add("archive/data.pkl", std::string("\x80\x02]q\x00.", 6));
-  zip.add("archive/version", "3\n");
-  CHECK_THROWS_WITH(load_from_string(std::move(zip).finish()), Contains("holds list, not a dict"));
+  std::string zip;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
+      zip.append(static_cast<const char*>(bytes), n);
+      return n;
+    });
+    writer.writeRecord("data.pkl", "\x80\x02]q\x00.", 6);
+    writer.writeEndOfFile();
+  }
+  CHECK_THROWS_WITH(load_from_string(zip), Contains("holds list, not a dict"));
 }
 
 TEST_CASE("load: every truncation of a file throws file_error", "[files]") {
@@ -292,6 +329,316 @@ TEST_CASE("load: corrupted bytes throw file_error or load, never crash", "[files
   }
 }
 
+// ---- mapped loading ---------------------------------------------------------------------------
+
+// A storage over a mapping is not resizable; at::empty's is.
+bool mapped(const at::Tensor& t) { return !t.storage().resizable(); }
+
+TEST_CASE("load: tensors point into a private mapping that they keep alive", "[files]") {
+  const std::string path = temporary("mapped.pt");
+  AnyTensorDict td;
+  td.set("w", value({64, 32}));
+  td.set("b", value({64}, 1.0, at::kDouble));
+  td.set("tied", td.get("w")[3]);
+  save(td, path);
+  const std::string before = bytes_of(path);
+
+  auto back = load(path);
+  CHECK(mapped(back.get("w")));
+  CHECK(same_storage(back.get("w"), back.get("tied")));
+  CHECK(reinterpret_cast<std::uintptr_t>(back.get("b").data_ptr()) % 8 == 0);  // libtorch aligns records to 64 bytes
+  std::remove(path.c_str());  // the mapping outlives the name
+  CHECK((back == td).all());
+  back.get("w").add_(1);  // copy-on-write: this process's pages only
+  CHECK(back.get("tied").equal(value({64, 32})[3] + 1));
+
+  write_bytes(path, before);
+  auto again = load(path);
+  CHECK(again.get("w").equal(value({64, 32})));
+  CHECK(bytes_of(path) == before);
+
+  auto owned = load(path, {.memory = load_memory::owned});
+  CHECK_FALSE(mapped(owned.get("w")));
+  CHECK(same_storage(owned.get("w"), owned.get("tied")));
+  CHECK((owned == td).all());
+  std::remove(path.c_str());
+}
+
+TEST_CASE("load: a mapped load leaves the tensor records' checksums to verify_checksums", "[files]") {
+  const std::string path = temporary("flipped.pt");
+  AnyTensorDict td;
+  td.set("w", at::zeros({256}));
+  save(td, path);
+  std::string bytes = bytes_of(path);
+  const auto entries = tensordict::detail::archive::zip_entries(bytes);
+  const auto data = std::find_if(entries.begin(), entries.end(), [](const auto& e) { return e.name.find("/data/") != std::string::npos; });
+  REQUIRE(data != entries.end());
+  bytes[data->offset + 8] ^= 0x40;
+  write_bytes(path, bytes);
+  CHECK(load(path).get("w").abs().sum().item<float>() > 0);  // read as it is, without reading the file through
+  CHECK_THROWS_WITH(load(path, {.verify_checksums = true}), Contains("is corrupted"));
+  CHECK_THROWS_WITH(load(path, {.memory = load_memory::owned}), Contains("is corrupted"));
+  CHECK_THROWS_WITH(load_from_string(bytes), Contains("is corrupted"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("save: libtorch's writer lifts the 65535-storage limit (zip64)", "[files]") {
+  AnyTensorDict td;
+  constexpr int count = 70000;
+  for (int k = 0; k < count; ++k) {
+    std::string key = "t";
+    key += std::to_string(k);  // g++ 12 warns (falsely) on "t" + std::to_string(k)
+    td.set({key}, at::full({1}, static_cast<float>(k)));
+  }
+  const std::string bytes = save_to_string(td);
+  auto back = load_from_string(bytes);
+  REQUIRE(back.leaf_count() == count);
+  CHECK(back.get({"t69999"}).item<float>() == 69999.0f);
+  CHECK(back.names()[12345] == "t12345");
+}
+
+// ---- safetensors -----------------------------------------------------------------------------
+
+// A safetensors file from a header's JSON and a buffer.
+std::string safetensors_bytes(const std::string& header, std::string_view buffer) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  return out + header + std::string(buffer);
+}
+
+TEST_CASE("safetensors: round trip, dotted names, dtypes, metadata", "[files]") {
+  AnyTensorDict td;
+  td.set("0", "weight", value({4, 3}));
+  td.set("0", "bias", value({4}, 1.0, at::kDouble));
+  td.set("steps", at::tensor(5, at::kLong));
+  td.set("mask", at::tensor({1, 0, 1}).to(at::kBool));
+  td.set("half", value({3}, 0.25, at::kHalf));
+  td.set("bf16", value({2, 2}, 0.5, at::kBFloat16));
+  td.set("i8", value({5}, 1.0, at::kChar));
+  td.set("strided", value({5, 6}).t());
+  td.set("empty", at::zeros({0, 3}));
+  const std::string path = temporary("round.safetensors");
+  save_safetensors(td, path, {{"format", "pt"}, {"note", "made in C++"}});
+
+  const std::string bytes = bytes_of(path);
+  const auto header = tensordict::detail::safetensors::parse(bytes);
+  CHECK(header.buffer_offset % 8 == 0);
+  for (const auto& t : header.tensors) CHECK(t.begin % t.dtype->element_size == 0);
+  CHECK(load_safetensors_metadata(path) == safetensors_metadata{{"format", "pt"}, {"note", "made in C++"}});
+
+  auto back = load_safetensors(path);
+  CHECK(back.get("0", "weight").equal(td.get("0", "weight")));  // "0.weight" unflattened
+  for (const auto& [key, t] : td.items()) {
+    INFO(to_string(key));
+    CHECK(back.get(key).scalar_type() == t.scalar_type());
+    CHECK(back.get(key).sizes() == t.sizes());
+    CHECK(back.get(key).equal(t));
+  }
+  CHECK(mapped(back.get("0", "weight")));
+  CHECK_FALSE(mapped(load_safetensors(path, {.memory = load_memory::owned}).get("0", "weight")));
+  CHECK((load_safetensors_from_string(bytes) == td).all());
+
+  torch::nn::Linear linear(3, 2);
+  save_safetensors(from_module(linear), path);
+  auto typed = load_safetensors(path, from_module(linear));
+  CHECK(typed.get<"weight">().equal(linear->weight));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("safetensors: files Python's safetensors wrote", "[files]") {
+  auto td = load_safetensors(fixture("safetensors/python.safetensors"));
+  CHECK(td.get("layers", "0", "weight").equal(value({4, 3})));
+  CHECK(td.get("layers", "0", "bias").equal(value({4}, 1.0, at::kDouble)));
+  CHECK(td.get("bf16").equal(value({2, 3}, 0.5, at::kBFloat16)));
+  CHECK(td.get("f16").equal(value({3}, 0.25, at::kHalf)));
+  CHECK(td.get("i64").equal(value({2}, 3.0, at::kLong)));
+  CHECK(td.get("u8").equal(value({4}, 2.0, at::kByte)));
+  CHECK(td.get("b").equal(at::tensor({1, 0}).to(at::kBool)));
+  CHECK(load_safetensors_metadata(fixture("safetensors/python.safetensors")) == safetensors_metadata{{"format", "pt"}});
+}
+
+TEST_CASE("safetensors: float8 and unsigned types where this libtorch has them", "[files]") {
+  const std::string path = fixture("safetensors/python_float8.safetensors");
+#if TENSORDICT_TORCH_AT_LEAST(2, 1)
+  auto td = load_safetensors(path);
+  CHECK(td.get("e4m3").scalar_type() == at::ScalarType::Float8_e4m3fn);
+  CHECK(td.get("e4m3").to(at::kFloat).equal(at::tensor({0.5f, 1.0f, -2.0f, 448.0f})));
+  CHECK(td.get("e5m2").to(at::kFloat).equal(at::tensor({0.5f, 1.0f, -2.0f, 57344.0f})));
+  CHECK((load_safetensors_from_string(save_safetensors_to_string(td)) == td).all());
+#else
+  CHECK_THROWS_WITH(load_safetensors(path), Contains("\"e4m3\" has dtype torch.float8_e4m3fn, which this libtorch (1.13"));
+#endif
+#if TENSORDICT_TORCH_AT_LEAST(2, 3)
+  AnyTensorDict u;
+  u.set("u16", at::tensor(std::vector<std::int64_t>{1, 2, 65535}).to(at::ScalarType::UInt16));
+  u.set("u32", at::tensor(std::vector<std::int64_t>{7, 4000000000LL}).to(at::ScalarType::UInt32));
+  const std::string bytes = save_safetensors_to_string(u);
+  CHECK(bytes.find("\"U16\"") != std::string::npos);
+  auto back = load_safetensors_from_string(bytes);
+  CHECK(back.get("u32").scalar_type() == at::ScalarType::UInt32);
+  CHECK(back.get("u32").to(at::kLong).equal(at::tensor(std::vector<std::int64_t>{7, 4000000000LL})));
+#endif
+}
+
+TEST_CASE("safetensors: files that break the format's rules throw file_error", "[files]") {
+  const std::string f32x2(8, '\0');
+  auto refused = [](const std::string& bytes) {
+    try {
+      (void)load_safetensors_from_string(bytes);
+    } catch (const file_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  const std::string good = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  REQUIRE(refused(safetensors_bytes(good, f32x2)) == "loaded");
+  CHECK_THAT(refused("1234"), Contains("too short"));
+  CHECK_THAT(refused(safetensors_bytes(good, f32x2).substr(0, 20)), Contains("reaches past the end"));
+  std::string huge = safetensors_bytes(good, f32x2);
+  huge[5] = 1;
+  CHECK_THAT(refused(huge), Contains("over the format's limit"));
+  CHECK_THAT(refused(safetensors_bytes("[1, 2]", "")), Contains("not a JSON object"));
+  CHECK_THAT(refused(safetensors_bytes("{\"a\": ", "")), Contains("not valid JSON"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", f32x2)),
+             Contains("\"a\" has the unknown dtype \"F33\""));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f32x2)),
+             Contains("needs 12 bytes, its data_offsets span 8"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", f32x2)),
+             Contains("outside the buffer of 8 bytes"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[2],"data_offsets":[2,10]}})",
+                                       std::string(10, '\0'))),
+             Contains("overlaps"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32x2)), Contains("hole of 4 bytes"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f32x2)),
+             Contains("4 bytes after its last tensor"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", f32x2)),
+             Contains("names \"a\" twice"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"__metadata__":{"n":1},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", f32x2)),
+             Contains("metadata \"n\" is not a string"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2)),
+             Contains("not a list of non-negative integers"));
+  CHECK_THAT(refused(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2]}})", f32x2)), Contains("lacks"));
+  CHECK_THROWS_WITH(load_safetensors(fixture("does_not_exist.safetensors")), Contains("does_not_exist.safetensors") && Contains("cannot open"));
+
+  // Every truncation of a good file is refused, never a crash.
+  const std::string whole = bytes_of(fixture("safetensors/python.safetensors"));
+  for (std::size_t n = 0; n < whole.size(); ++n) {
+    INFO("truncated to " << n << " bytes");
+    CHECK(refuses_cleanly([&] { (void)load_safetensors_from_string(std::string_view(whole).substr(0, n)); }));
+  }
+
+  AnyTensorDict bad;
+  bad.set("c", at::zeros({2}, at::kComplexDouble));
+  CHECK_THROWS_WITH(save_safetensors_to_string(bad), Contains("\"c\" has dtype ComplexDouble"));
+}
+
+// ---- tensordict memmap directories --------------------------------------------------------------
+
+TEST_CASE("memmap: directories Python tensordict 0.4 wrote load with their keys, batch size, dtypes and values", "[files]") {
+  const std::string dir = fixture("tensordict-v0.4-memmap/");
+  auto mlp = load_memmap(dir + "mlp_params");
+  CHECK(mlp.batch_size().empty());
+  CHECK(mlp.names() == std::vector<std::string>{"0", "1", "2"});
+  CHECK(mlp.get_tensordict("1").empty());  // the ReLU's empty sub-TensorDict
+  CHECK((mlp.flatten_keys() == load(dir + "mlp_params.expected.pt")).all());
+  CHECK(mlp.get("0", "weight").sizes() == c10::IntArrayRef{4, 3});
+  CHECK(mapped(mlp.get("0", "weight")));
+
+  auto batch = load_memmap(dir + "sample_batch");
+  CHECK(batch.batch_size() == c10::IntArrayRef{5});
+  CHECK(batch.device() == at::Device(at::kCPU));
+  const auto expected = load(dir + "sample_batch.expected.pt");
+  CHECK(batch.flatten_keys().keys() == expected.keys());
+  CHECK((batch.flatten_keys() == expected).all());
+  CHECK(batch.get("next", "obs").scalar_type() == at::kBFloat16);
+  CHECK(batch.get("action").scalar_type() == at::kLong);
+  CHECK(batch.get("done").scalar_type() == at::kBool);
+  CHECK(batch.get("next", "mask").scalar_type() == at::kByte);
+
+  auto stacked = load_memmap(dir + "stacked_linear", {.memory = load_memory::owned});
+  CHECK(stacked.batch_size() == c10::IntArrayRef{3});
+  CHECK((stacked == load(dir + "stacked_linear.expected.pt")).all());
+  CHECK_FALSE(mapped(stacked.get("weight")));
+
+  torch::nn::Linear linear(2, 3);
+  auto typed = load_memmap<nn::schema_of<torch::nn::LinearImpl>>(dir + "stacked_linear");
+  CHECK(typed.get<"weight">().sizes() == c10::IntArrayRef{3, 3, 2});
+}
+
+TEST_CASE("memmap: what save_memmap writes has Python's layout and meta.json fields", "[files]") {
+  const std::string from = fixture("tensordict-v0.4-memmap/sample_batch");
+  temporary_dir out("memmap_layout");
+  save_memmap(load_memmap(from), out / "sample_batch");
+  for (const auto& sub : {std::string(""), std::string("/next")}) {
+    std::vector<std::string> ours, theirs;
+    for (const auto& e : std::filesystem::directory_iterator(out / ("sample_batch" + sub))) ours.push_back(e.path().filename());
+    for (const auto& e : std::filesystem::directory_iterator(from + sub)) theirs.push_back(e.path().filename());
+    std::sort(ours.begin(), ours.end());
+    std::sort(theirs.begin(), theirs.end());
+    CHECK(ours == theirs);
+    const auto our_meta = nlohmann::ordered_json::parse(bytes_of(out / ("sample_batch" + sub + "/meta.json")));
+    const auto their_meta = nlohmann::ordered_json::parse(bytes_of(from + sub + "/meta.json"));
+    CHECK(our_meta == their_meta);  // the same fields, values and order
+    for (const auto& name : theirs)
+      if (name != "meta.json" && name != "next") CHECK(bytes_of(out / ("sample_batch" + sub + "/" + name)) == bytes_of(from + sub + "/" + name));
+  }
+
+  // Round trip with strided and shared leaves; a second save replaces the directory whole.
+  AnyTensorDict td({2});
+  td.set("t", value({3, 2}).t());
+  td.set("tied", td.get("t"));
+  td.set("empty", AnyTensorDict({2}));
+  td.set("sub", "x", value({2, 4}, 1.0, at::kInt));
+  save_memmap(td, out / "td");
+  auto back = load_memmap(out / "td");
+  CHECK(back.keys() == td.keys());
+  CHECK((back == td).all());
+  CHECK(back.get_tensordict("empty").empty());
+  AnyTensorDict smaller({2});
+  smaller.set("only", at::ones({2}));
+  save_memmap(smaller, out / "td");
+  CHECK(load_memmap(out / "td").keys() == std::vector<any_key_path>{{"only"}});
+  CHECK_FALSE(std::filesystem::exists(out / "td/sub"));
+}
+
+TEST_CASE("memmap: bad directories throw file_error naming the file", "[files]") {
+  temporary_dir dir("memmap_bad");
+  AnyTensorDict td({2});
+  td.set("a", at::ones({2, 3}));
+  td.set("n", "b", at::ones({2}, at::kLong));
+  save_memmap(td, dir / "good");
+  auto broken = [&](const std::string& name, const std::string& file, const std::string& bytes) {
+    std::filesystem::copy(dir / "good", dir / name, std::filesystem::copy_options::recursive);
+    write_bytes(dir / (name + "/" + file), bytes);
+    return dir / name;
+  };
+  CHECK_THROWS_WITH(load_memmap(broken("short", "a.memmap", std::string(20, '\0'))),
+                    Contains("a.memmap has 20 bytes") && Contains("says torch.float32 of shape [2, 3], 24 bytes"));
+  CHECK_THROWS_WITH(load_memmap(broken("json", "meta.json", "{\"a\": ")), Contains("meta.json is not valid JSON"));
+  CHECK_THROWS_WITH(load_memmap(broken("dtype", "meta.json",
+                                       R"({"a": {"device": "cpu", "shape": [2, 3], "dtype": "torch.float17"}, "shape": [2], "device": "cpu"})")),
+                    Contains("\"a\" has the unknown dtype \"torch.float17\""));
+  CHECK_THROWS_WITH(load_memmap(broken("batch", "meta.json",
+                                       R"({"a": {"device": "cpu", "shape": [3, 2], "dtype": "torch.float32"}, "shape": [2], "device": "cpu"})")),
+                    Contains("does not start with the batch size [2]"));
+  CHECK_THROWS_WITH(load_memmap(broken("escape", "meta.json",
+                                       R"({"..": {"type": "TensorDict"}, "shape": [2], "device": "cpu"})")),
+                    Contains("\"..\" cannot name a file"));
+  CHECK_THROWS_WITH(load_memmap(broken("other", "meta.json", R"({"s": {"type": "NonTensorData"}, "shape": [2], "device": "cpu"})")),
+                    Contains("\"s\" holds a NonTensorData"));
+  CHECK(load_memmap(dir / "other", {.skip_non_tensors = true}).empty());
+  std::filesystem::copy(dir / "good", dir / "missing", std::filesystem::copy_options::recursive);
+  std::filesystem::remove(dir / "missing/n/b.memmap");
+  CHECK_THROWS_WITH(load_memmap(dir / "missing"), Contains("b.memmap") && Contains("cannot open"));
+  CHECK_THROWS_WITH(load_memmap(dir / "none"), Contains("not a directory"));
+
+  AnyTensorDict reserved;
+  reserved.set("shape", at::ones({1}));
+  CHECK_THROWS_WITH(save_memmap(reserved, dir / "reserved"), Contains("\"shape\": a memmap directory cannot hold this key"));
+  CHECK_FALSE(std::filesystem::exists(dir / "reserved"));
+  CHECK_FALSE(std::filesystem::exists(dir / "reserved.tensordict-partial"));
+}
+
 // Written for tests/data/check_python_reads.py (run when Python has torch); hidden from the default run.
 TEST_CASE("files for Python", "[.python_interop]") {
   const char* dir = std::getenv("TENSORDICT_OUT");
@@ -305,4 +652,13 @@ TEST_CASE("files for Python", "[.python_interop]") {
   td.set("one", "entry", value({2}));
   save(td, std::string(dir) + "/nested.pt");
   save(td, std::string(dir) + "/flat.pt", {.layout = file_layout::flat});
+
+  AnyTensorDict st;
+  st.set("0", "weight", value({4, 3}));
+  st.set("0", "bias", value({4}, 1.0, at::kDouble));
+  st.set("t", value({3, 5}).t());
+  st.set("bf16", value({2, 3}, 0.5, at::kBFloat16));
+  st.set("b", at::tensor({1, 0}).to(at::kBool));
+  st.set("one", "entry", value({2}));
+  save_safetensors(st, std::string(dir) + "/cpp.safetensors", {{"format", "pt"}, {"by", "tensordict-cpp"}});
 }

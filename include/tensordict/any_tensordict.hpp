@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -83,10 +84,18 @@ struct any_node : std::enable_shared_from_this<any_node> {
   bool locked = false;
   std::weak_ptr<any_node> parent;
 
+  // name -> position, for levels with many keys (a flat state dict of
+  // thousands); kept in step by add_leaf/add_child/erase_at.
+  std::unordered_map<std::string, std::size_t> positions;
+
   std::size_t find(std::string_view name) const {
-    for (std::size_t i = 0; i < names.size(); ++i)
-      if (names[i] == name) return i;
-    return npos;
+    if (names.size() <= 8) {
+      for (std::size_t i = 0; i < names.size(); ++i)
+        if (names[i] == name) return i;
+      return npos;
+    }
+    const auto it = positions.find(std::string(name));
+    return it == positions.end() ? npos : it->second;
   }
   std::size_t size() const { return names.size(); }
   bool is_leaf(std::size_t i) const { return !children[i]; }
@@ -94,16 +103,26 @@ struct any_node : std::enable_shared_from_this<any_node> {
   // The three vectors change together, here only. A leaf has a tensor and no
   // child; a sub-tree a child (whose parent becomes this node) and no tensor.
   void add_leaf(std::string name, at::Tensor tensor) {
+    positions.emplace(name, names.size());
     names.push_back(std::move(name));
     tensors.push_back(std::move(tensor));
     children.emplace_back();
   }
   any_node& add_child(std::string name, std::shared_ptr<any_node> child = std::make_shared<any_node>()) {
     child->parent = weak_from_this();
+    positions.emplace(name, names.size());
     names.push_back(std::move(name));
     tensors.emplace_back();
     children.push_back(std::move(child));
     return *children.back();
+  }
+  void erase_at(std::size_t i) {
+    if (children[i]) children[i]->parent.reset();  // a view of the sub-tree lives on, detached
+    names.erase(names.begin() + static_cast<std::ptrdiff_t>(i));
+    tensors.erase(tensors.begin() + static_cast<std::ptrdiff_t>(i));
+    children.erase(children.begin() + static_cast<std::ptrdiff_t>(i));
+    positions.clear();
+    for (std::size_t k = 0; k < names.size(); ++k) positions.emplace(names[k], k);
   }
   // Replaces entry `name` (or adds it) with a leaf or a sub-tree.
   void put(std::string_view name, at::Tensor tensor, std::shared_ptr<any_node> child) {
@@ -270,10 +289,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   AnyTensorDict& erase(c10::ArrayRef<std::string> path) {
     auto at = resolve(path, "AnyTensorDict.erase");
     check_unlocked(*at.node, path, "AnyTensorDict.erase");
-    if (at.node->children[at.index]) at.node->children[at.index]->parent.reset();
-    at.node->names.erase(at.node->names.begin() + at.index);
-    at.node->tensors.erase(at.node->tensors.begin() + at.index);
-    at.node->children.erase(at.node->children.begin() + at.index);
+    at.node->erase_at(at.index);
     return *this;
   }
 

@@ -4,33 +4,42 @@
 //   auto any = tensordict::load("model_state.pt");        // torch.save(model.state_dict(), ...) from Python
 //   auto typed = tensordict::load(path, tensordict::from_module(net));   // keys, shapes, dtypes checked
 //
-// The file is Python's torch.save zip format (protocol 2 pickle). save
-// writes nested dicts by default: a TensorDict with keys ("0", "weight")
-// loads in Python as {"0": {"weight": tensor}}; file_layout::flat writes
-// dotted keys {"0.weight": tensor}, which model.load_state_dict() takes.
+// The file is Python's torch.save zip format, written by libtorch's own
+// writer (caffe2::serialize::PyTorchStreamWriter, torch::jit::Pickler), so
+// Python's torch.load reads it, with weights_only=True too. save writes
+// nested dicts by default: a TensorDict with keys ("0", "weight") loads in
+// Python as {"0": {"weight": tensor}}; file_layout::flat writes dotted keys
+// {"0.weight": tensor}, which model.load_state_dict() takes.
 // load reads dicts, OrderedDicts (every state_dict()), one-entry dicts and
 // nested dicts, whose values are tensors or nn.Parameters; tensors that share
 // a storage in the file share one after loading. Values that are not tensors
 // (an "epoch": 3) throw file_error naming their key, or are left out with
 // load_options::skip_non_tensors. The legacy (non-zip) format and TorchScript
-// archives are refused with file_error. Tensors load on the CPU.
+// archives are refused with file_error. Tensors load on the CPU, by default
+// pointing into a private mapping of the file (file_options.hpp).
 #pragma once
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <ostream>
+#include <sstream>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
+#include <ATen/core/ivalue.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include "any_tensordict.hpp"
+#include "detail/file_io.hpp"
+#include "detail/file_tensors.hpp"
 #include "detail/torch_archive.hpp"
 #include "errors.hpp"
+#include "file_options.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict {
@@ -42,137 +51,103 @@ struct save_options {
   std::string separator = ".";  // for file_layout::flat
 };
 
-struct load_options {
-  bool skip_non_tensors = false;
-};
-
 namespace detail {
 
-// The same order as archive::storage_types.
-inline constexpr std::array<at::ScalarType, 12> file_dtypes{
+// The dtypes of archive::storage_types, in its order.
+inline constexpr std::array<at::ScalarType, 12> archive_dtypes{
     at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt,
     at::kShort, at::kChar,   at::kByte, at::kBool,     at::kComplexFloat, at::kComplexDouble,
 };
 
-inline std::size_t file_dtype_index(at::ScalarType dtype, const std::string& where) {
-  for (std::size_t i = 0; i < file_dtypes.size(); ++i)
-    if (file_dtypes[i] == dtype) return i;
-  throw file_error("tensordict::save: " + where + " has dtype " + std::string(c10::toString(dtype)) +
-                   ", which torch.save files of this version cannot hold");
+// The types a torch.save storage can have (torch.<Name>Storage).
+inline void check_savable(const at::Tensor& t, const any_key_path& path) {
+  if (std::find(archive_dtypes.begin(), archive_dtypes.end(), t.scalar_type()) == archive_dtypes.end())
+    throw file_error(to_string(path) + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+                     ", which torch.save files of this version cannot hold");
+  if (t.is_sparse() || t.is_quantized() || !t.has_storage()) throw file_error(to_string(path) + " is not a dense tensor");
 }
 
-inline std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw file_error("tensordict::load(\"" + path + "\"): it is a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw file_error("tensordict::load(\"" + path + "\"): cannot open it: " + std::strerror(errno));
-  try {  // libstdc++'s filebuf throws std::ios_base::failure on a read error
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) throw file_error("tensordict::load(\"" + path + "\"): reading failed");
-    return bytes;
-  } catch (const std::ios_base::failure& e) {
-    throw file_error("tensordict::load(\"" + path + "\"): reading failed: " + e.what());
-  }
-}
-
-// Writes next to the target and renames, so a failed save leaves an existing file whole.
-inline void write_file(const std::string& path, const std::string& bytes) {
-  const std::string temporary = path + ".tensordict-partial";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw file_error("tensordict::save(\"" + path + "\"): cannot create it: " + std::strerror(errno));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      std::remove(temporary.c_str());
-      throw file_error("tensordict::save(\"" + path + "\"): writing failed");
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(temporary.c_str());
-    throw file_error("tensordict::save(\"" + path + "\"): cannot replace it: " + reason);
-  }
-}
-
-class file_writer {
+// The TensorDict as nested dicts of tensors, for torch::jit::Pickler. Tensors
+// that share a storage keep sharing it (the pickler writes each storage once);
+// a tensor viewing another's bytes as a different dtype gets its own copy, as
+// a storage has one type in the file.
+class ivalue_builder {
  public:
-  std::string write(const AnyTensorDict& td) {
-    archive::pickler p;
-    write_dict(p, td, {});
-    archive::zip_writer zip;
-    zip.add("archive/data.pkl", std::move(p).finish());
-    for (std::size_t k = 0; k < storages_.size(); ++k) {
-      const at::Tensor& s = storages_[k];
-      zip.add("archive/data/" + std::to_string(k),
-              std::string_view(static_cast<const char*>(s.data_ptr()), s.numel() * s.element_size()));
-    }
-    zip.add("archive/version", "3\n");
-    return std::move(zip).finish();
+  c10::IValue build(const AnyTensorDict& td) {
+    any_key_path path;
+    return dict_of(td, path);
   }
 
  private:
-  void write_dict(archive::pickler& p, const AnyTensorDict& td, any_key_path path) {
-    p.empty_dict();
-    if (td.empty()) return;
-    p.mark();
+  c10::IValue dict_of(const AnyTensorDict& td, any_key_path& path) {
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
     for (const std::string& name : td.names()) {
       path.push_back(name);
-      p.string(name);
       if (td.is_leaf({name}))
-        write_tensor(p, td.get({name}), path);
+        dict.insert(name, tensor_of(td.get({name}), path));
       else
-        write_dict(p, td.get_tensordict({name}), path);
+        dict.insert(name, dict_of(td.get_tensordict({name}), path));
       path.pop_back();
     }
-    p.set_items();
+    return dict;
   }
 
-  void write_tensor(archive::pickler& p, const at::Tensor& t, const any_key_path& path) {
-    const std::size_t type = file_dtype_index(t.scalar_type(), to_string(path));
+  at::Tensor tensor_of(const at::Tensor& t, const any_key_path& path) {
+    check_savable(t, path);
     at::Tensor view = t.detach();
-    if (view.is_sparse() || view.is_quantized() || !view.has_storage())
-      throw file_error("tensordict::save: " + to_string(path) + " is not a dense tensor");
+    if (!view.device().is_cpu()) view = view.cpu();
+    view.set_requires_grad(t.requires_grad());  // torch.load restores the flag (an nn.Parameter's)
     const void* storage = view.storage().unsafeGetStorageImpl();
-    auto it = keys_.find(storage);
-    if (it == keys_.end() || storages_[it->second].scalar_type() != view.scalar_type()) {
-      // The whole storage, once: tensors that share it in memory share it in the file.
-      const std::int64_t numel = static_cast<std::int64_t>(view.storage().nbytes() / view.element_size());
-      at::Tensor whole = at::empty({0}, view.options()).set_(view.storage(), 0, {numel}, {1});
-      if (!whole.device().is_cpu()) whole = whole.cpu();
-      if (it != keys_.end()) {  // the same bytes as another dtype: this tensor gets its own copy
-        whole = view.contiguous().cpu().reshape({-1}).clone();
-        view = whole.view(view.sizes());
-      }
-      storages_.push_back(whole);
-      it = keys_.insert_or_assign(storage, storages_.size() - 1).first;
+    const auto [it, first] = storage_types_.emplace(storage, view.scalar_type());
+    if (!first && it->second != view.scalar_type()) {
+      at::Tensor copy = view.contiguous().clone();
+      copy.set_requires_grad(t.requires_grad());
+      return copy;
     }
-    const at::Tensor& s = storages_[it->second];
-    p.tensor(type, std::to_string(it->second), s.numel(), view.storage_offset(),
-             std::vector<std::int64_t>(view.sizes().begin(), view.sizes().end()),
-             std::vector<std::int64_t>(view.strides().begin(), view.strides().end()), t.requires_grad());
+    return view;
   }
 
-  std::unordered_map<const void*, std::size_t> keys_;
-  std::vector<at::Tensor> storages_;
+  std::unordered_map<const void*, at::ScalarType> storage_types_;
 };
 
+// torch.save's zip: archive/data.pkl, archive/data/<key> per storage, version records.
+inline void write_torch_save(const AnyTensorDict& td, std::ostream& out) {
+  const c10::IValue root = ivalue_builder().build(td);
+  std::string pickle;
+  // No type tags on dicts (torch.jit._pickle.restore_type_tag): torch.load's weights_only refuses them.
+  torch::jit::Pickler pickler([&](const char* bytes, std::size_t n) { pickle.append(bytes, n); }, nullptr, nullptr, nullptr,
+                              nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(root);
+  pickler.stop();
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) -> std::size_t {
+    out.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+    return out ? n : 0;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  const auto& storages = pickler.tensorData();
+  for (std::size_t k = 0; k < storages.size(); ++k) {
+    const c10::Storage& s = storages[k].storage();
+    writer.writeRecord("data/" + std::to_string(k), s.data(), s.nbytes());
+  }
+  writer.writeEndOfFile();
+}
+
 inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_path& path,
-                 std::unordered_map<std::string, at::Tensor>& storages, const load_options& options) {
+                 std::unordered_map<std::string, at::Tensor>& storages, const std::shared_ptr<const mapped_file>& file,
+                 const load_options& options) {
   for (const auto& e : dict.entries) {
     path.push_back(e.key);
     if (e.tensor) {
       const auto& t = *e.tensor;
-      const at::ScalarType dtype = file_dtypes[t.storage_type];
+      const at::ScalarType dtype = archive_dtypes[t.storage_type];
       at::Tensor& base = storages[t.storage_key];
-      if (!base.defined()) {
-        const auto numel = static_cast<std::int64_t>(t.storage_bytes.size() / archive::storage_types[t.storage_type].element_size);
-        base = at::empty({numel}, at::TensorOptions().dtype(dtype));
-        if (numel > 0) std::memcpy(base.data_ptr(), t.storage_bytes.data(), numel * base.element_size());
-      } else if (base.scalar_type() != dtype) {
+      if (!base.defined())
+        base = tensor_over(file, t.storage_bytes.substr(0, t.storage_bytes.size() / archive::storage_types[t.storage_type].element_size *
+                                                               archive::storage_types[t.storage_type].element_size),
+                           dtype, options.memory);
+      else if (base.scalar_type() != dtype)
         throw file_error(to_string(path) + ": its storage \"" + t.storage_key + "\" is read as two dtypes");
-      }
       at::Tensor tensor = base.as_strided(t.sizes, t.strides, t.offset);
       if (t.requires_grad) tensor.requires_grad_();
       out.set(path, tensor);
@@ -180,7 +155,7 @@ inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_p
       if (e.dict->entries.empty())
         out.set(path, AnyTensorDict(out.batch_size()));
       else
-        fill(out, *e.dict, path, storages, options);
+        fill(out, *e.dict, path, storages, file, options);
     } else if (!options.skip_non_tensors) {
       throw file_error(to_string(path) + " holds a Python " + e.other +
                        ", not a tensor; load with load_options{.skip_non_tensors = true} to leave such values out");
@@ -189,63 +164,56 @@ inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_p
   }
 }
 
-// A state_dict() names leaves "0.weight"; a nested schema wants them as a tree.
-template <schema_type S>
-AnyTensorDict shaped_for(const AnyTensorDict& any) {
-  if constexpr (S::depth > 1)
-    return unflatten_if_flat(any);
-  else
-    return any;
+inline AnyTensorDict load_parsed(std::string_view bytes, const std::shared_ptr<const mapped_file>& file, const load_options& options) {
+  const bool mapped = file && options.memory == load_memory::mapped;
+  const auto root = archive::parse(bytes, mapped && !options.verify_checksums ? archive::checksums::metadata : archive::checksums::all);
+  AnyTensorDict out;
+  any_key_path path;
+  std::unordered_map<std::string, at::Tensor> storages;
+  fill(out, *root, path, storages, file, options);
+  return out;
 }
 
 }  // namespace detail
 
 // The bytes of a torch.save file holding the TensorDict (typed ones convert implicitly).
 inline std::string save_to_string(const AnyTensorDict& td, const save_options& options = {}) {
-  return detail::file_writer().write(options.layout == file_layout::flat ? td.flatten_keys(options.separator) : td);
+  std::ostringstream out;
+  detail::write_torch_save(options.layout == file_layout::flat ? td.flatten_keys(options.separator) : td, out);
+  return std::move(out).str();
 }
 
+// Written beside `path` and renamed: a failed save leaves an existing file whole.
 inline void save(const AnyTensorDict& td, const std::string& path, const save_options& options = {}) {
-  std::string bytes;
-  try {
-    bytes = save_to_string(td, options);
-  } catch (const file_error& e) {
-    throw file_error("tensordict::save(\"" + path + "\"): " + e.what());
-  }
-  detail::write_file(path, bytes);
+  const AnyTensorDict laid_out = options.layout == file_layout::flat ? td.flatten_keys(options.separator) : td;
+  detail::naming_the_file("tensordict::save", path, [&] {
+    detail::write_file_atomically(path, "tensordict::save", [&](std::ostream& out) { detail::write_torch_save(laid_out, out); });
+  });
 }
 
-// A torch.save file's dict as an AnyTensorDict with batch_size [].
+// A torch.save file's dict as an AnyTensorDict with batch_size []; the tensors
+// own their memory (the bytes need not outlive the result).
 inline AnyTensorDict load_from_string(std::string_view bytes, const load_options& options = {}) {
-  const auto root = detail::archive::parse(bytes);
-  AnyTensorDict out;
-  any_key_path path;
-  std::unordered_map<std::string, at::Tensor> storages;
-  detail::fill(out, *root, path, storages, options);
-  return out;
+  return detail::load_parsed(bytes, nullptr, options);
 }
 
 inline AnyTensorDict load(const std::string& path, const load_options& options = {}) {
-  const std::string bytes = detail::read_file(path);
-  try {
-    return load_from_string(bytes, options);
-  } catch (const file_error& e) {
-    throw file_error("tensordict::load(\"" + path + "\"): " + e.what());
-  }
+  const auto file = detail::mapped_file::open(path, "tensordict::load");
+  return detail::naming_the_file("tensordict::load", path, [&] { return detail::load_parsed(file->bytes(), file, options); });
 }
 
 // Into a typed TensorDict: every key must be a leaf of S (a flat state_dict
 // is unflattened first); unset leaves stay unset.
 template <schema_type S>
 TensorDict<S> load(const std::string& path, const load_options& options = {}) {
-  return detail::shaped_for<S>(load(path, options)).template to_typed<S>({.allow_missing = true});
+  return detail::typed_from_file<S>(load(path, options));
 }
 
 // As load<S>, and the keys, shapes and dtypes must be those of `like`
 // (from_module(net) for a checkpoint of net); one error lists every difference.
 template <schema_type S>
 TensorDict<S> load(const std::string& path, const TensorDict<S>& like, const load_options& options = {}) {
-  return detail::shaped_for<S>(load(path, options)).to_typed(like);
+  return detail::typed_from_file(load(path, options), like);
 }
 
 }  // namespace tensordict

@@ -4,7 +4,9 @@
 Usage: check_python_reads.py UNIT_TESTS_BINARY
 Runs the hidden "[.python_interop]" test case to write the files, then loads
 them with torch: with torch.load's default (weights_only=True from torch 2.6
-on), and with weights_only=True and weights_only=False spelled out. Exits 77 (skipped) when this Python has no torch: the test
+on), and with weights_only=True and weights_only=False spelled out; and the
+.safetensors file with safetensors.torch.load_file where that module is
+installed (Debian 13: python3-safetensors). Exits 77 (skipped) when this Python has no torch: the test
 suite never needs Python, this check runs where python3-torch is installed.
 """
 import os
@@ -51,5 +53,22 @@ with tempfile.TemporaryDirectory() as out:
     check(out)
     check(out, weights_only=True)
     check(out, weights_only=False)
-print("torch", torch.__version__, "reads tensordict::save files (default, weights_only=True and False):",
-      "nested and flat layouts, dtypes, strides, shared storage")
+    print("torch", torch.__version__, "reads tensordict::save files (default, weights_only=True and False):",
+          "nested and flat layouts, dtypes, strides, shared storage")
+    try:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+    except ImportError:
+        print("no safetensors module: tensordict::save_safetensors files not checked")
+    else:
+        path = os.path.join(out, "cpp.safetensors")
+        loaded = load_file(path)
+        assert sorted(loaded) == ["0.bias", "0.weight", "b", "bf16", "one.entry", "t"], sorted(loaded)
+        assert torch.equal(loaded["0.weight"], value((4, 3)))
+        assert loaded["0.bias"].dtype == torch.float64 and torch.equal(loaded["0.bias"], value((4,), 1.0, torch.float64))
+        assert torch.equal(loaded["t"], value((3, 5)).t())
+        assert loaded["bf16"].dtype == torch.bfloat16 and torch.equal(loaded["bf16"], value((2, 3), 0.5, torch.bfloat16))
+        assert torch.equal(loaded["b"], torch.tensor([True, False]))
+        with safe_open(path, framework="pt") as f:
+            assert f.metadata() == {"format": "pt", "by": "tensordict-cpp"}, f.metadata()
+        print("safetensors reads tensordict::save_safetensors files: dtypes, strides, dotted names, metadata")

@@ -101,3 +101,26 @@ save({"stacked": stacked, "x": x, "y": y.detach()}, "ensemble_parity.pt")
 
 # Pickle protocol 4 (FRAME, SHORT_BINUNICODE, MEMOIZE, STACK_GLOBAL), as torch.save(..., pickle_protocol=4) writes.
 save(net.state_dict(), "state_dict_protocol4.pt", pickle_protocol=4)
+
+# safetensors, as Python's safetensors writes it (Debian 13: python3-safetensors), into
+# tests/data/safetensors whatever the torch version: the format does not depend on it.
+try:
+    from safetensors.torch import save_file
+except ImportError:
+    print("no safetensors module: safetensors/python.safetensors not written")
+else:
+    os.makedirs(os.path.join(os.path.dirname(os.path.abspath(__file__)), "safetensors"), exist_ok=True)
+    save_file({
+        "layers.0.weight": value((4, 3)),
+        "layers.0.bias": value((4,), 1.0, torch.float64),
+        "bf16": value((2, 3), 0.5, torch.bfloat16),
+        "f16": value((3,), 0.25, torch.float16),
+        "i64": value((2,), 3.0, torch.int64),
+        "u8": value((4,), 2.0, torch.uint8),
+        "b": torch.tensor([True, False]),
+    }, os.path.join(os.path.dirname(os.path.abspath(__file__)), "safetensors", "python.safetensors"), metadata={"format": "pt"})
+    if hasattr(torch, "float8_e4m3fn"):  # torch >= 2.1; libtorch 1.13 refuses this file, naming the dtype
+        save_file({
+            "e4m3": torch.tensor([0.5, 1.0, -2.0, 448.0]).to(torch.float8_e4m3fn),
+            "e5m2": torch.tensor([0.5, 1.0, -2.0, 57344.0]).to(torch.float8_e5m2),
+        }, os.path.join(os.path.dirname(os.path.abspath(__file__)), "safetensors", "python_float8.safetensors"))

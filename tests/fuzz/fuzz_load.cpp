@@ -1,16 +1,20 @@
-// libFuzzer target for the torch.save reader (tests/fuzz/run.sh builds and runs it).
-// The reader is libtorch-free, so clang compiles it; every input must either
-// parse or throw tensordict::file_error, under ASan and UBSan.
+// libFuzzer target for the file readers (tests/fuzz/run.sh builds and runs
+// it): torch.save archives, safetensors headers and memmap meta.json. The
+// readers are libtorch-free, so clang compiles them; every input must either
+// parse or throw tensordict::file_error, under ASan and UBSan. Each input goes
+// through every reader (each refuses the others' files quickly).
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include <tensordict/detail/memmap_format.hpp>
+#include <tensordict/detail/safetensors_format.hpp>
 #include <tensordict/detail/torch_archive.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace archive = tensordict::detail::archive;
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
-  for (bool checksums : {true, false}) {
+  for (auto checksums : {archive::checksums::all, archive::checksums::none}) {
     try {
       (void)archive::parse(bytes, checksums);
     } catch (const tensordict::file_error&) {
@@ -18,6 +22,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {
     (void)archive::unpickle(bytes);  // the pickle machine alone, on raw bytes
+  } catch (const tensordict::file_error&) {
+  }
+  try {
+    (void)tensordict::detail::safetensors::parse(bytes);
+  } catch (const tensordict::file_error&) {
+  }
+  try {
+    (void)tensordict::detail::memmap::parse_meta(bytes, "meta.json");
   } catch (const tensordict::file_error&) {
   }
   return 0;

@@ -1,6 +1,7 @@
 #!/bin/sh
-# Builds the loader's fuzz target with clang's libFuzzer (ASan + UBSan) and
-# runs it for a bounded time on a corpus seeded with tests/data/*.pt.
+# Builds the file readers' fuzz target with clang's libFuzzer (ASan + UBSan) and
+# runs it for a bounded time on a corpus seeded with tests/data's torch.save,
+# safetensors and memmap meta.json files.
 #   run.sh SOURCE_ROOT BUILD_DIR SECONDS CLANG++
 # Exits 77 (skipped) without clang++ or its libFuzzer runtime (libclang-rt-14-dev,
 # libclang-rt-19-dev on Debian 13).
@@ -18,8 +19,11 @@ if ! "$clang" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitiz
 fi
 corpus="$build/fuzz/corpus"
 mkdir -p "$corpus"
-for f in "$root"/tests/data/*.pt "$root"/tests/data/*/*.pt; do
+for f in "$root"/tests/data/*.pt "$root"/tests/data/*/*.pt "$root"/tests/data/safetensors/*.safetensors; do
   cp "$f" "$corpus/$(basename "$(dirname "$f")")_$(basename "$f")"
+done
+for f in "$root"/tests/data/tensordict-v0.4-memmap/*/meta.json; do
+  cp "$f" "$corpus/memmap_$(basename "$(dirname "$f")")_meta.json"
 done
 # -rss_limit_mb: a small file must not make the reader allocate much; -timeout: nor loop.
 status=0

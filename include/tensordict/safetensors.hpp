@@ -1,0 +1,160 @@
+// safetensors files (https://huggingface.co/docs/safetensors), the common
+// format for sharing models, both ways:
+//
+//   auto weights = tensordict::load_safetensors("model.safetensors");   // "layers.0.weight" -> ("layers", "0", "weight")
+//   auto typed = tensordict::load_safetensors(path, tensordict::from_module(net));   // keys, shapes, dtypes checked
+//   tensordict::save_safetensors(td, "out.safetensors", {{"format", "pt"}});
+//
+// Names are dotted paths: load unflattens them into nested keys (unless two
+// names clash, "a" and "a.b": then the keys stay flat) and save flattens with
+// ".". Tensors load on the CPU, by default pointing into a private mapping of
+// the file (file_options.hpp). Save writes each tensor contiguous, ordered so
+// that each is aligned to its element size, the header padded to 8 bytes, as
+// the Python writer does; tensors that share memory are written once each
+// (the format has no sharing). Dtypes: BOOL, U8, I8, I16, I32, I64, F16, BF16,
+// F32, F64, C64, and with libtorch >= 2.1 F8_E4M3, F8_E5M2, >= 2.3 U16, U32,
+// U64; anything else, and any file that breaks the format's rules, throws
+// file_error naming the problem.
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include "any_tensordict.hpp"
+#include "detail/file_io.hpp"
+#include "detail/file_tensors.hpp"
+#include "detail/safetensors_format.hpp"
+#include "errors.hpp"
+#include "file_options.hpp"
+#include "typed_tensordict.hpp"
+
+namespace tensordict {
+
+using safetensors_metadata = std::map<std::string, std::string>;
+
+namespace detail {
+
+inline AnyTensorDict unflatten_unless_clashing(const AnyTensorDict& flat) {
+  try {
+    return unflatten_if_flat(flat);
+  } catch (const key_error&) {
+    return flat;
+  }
+}
+
+inline AnyTensorDict load_safetensors_parsed(std::string_view bytes, const std::shared_ptr<const mapped_file>& file,
+                                             const load_options& options) {
+  const auto header = safetensors::parse(bytes);
+  AnyTensorDict flat;
+  for (const auto& t : header.tensors) {
+    const at::ScalarType dtype = checked_scalar_type(*t.dtype, "the safetensors tensor \"" + t.name + "\"");
+    const std::string_view data = bytes.substr(header.buffer_offset + t.begin, t.end - t.begin);
+    flat.set({t.name}, tensor_over(file, data, dtype, file ? options.memory : load_memory::owned).view(t.shape));
+  }
+  return unflatten_unless_clashing(flat);
+}
+
+struct safetensors_leaf {
+  std::string name;
+  at::Tensor bytes;  // contiguous, CPU
+  const file_dtype* dtype;
+};
+
+inline void write_safetensors(const AnyTensorDict& td, const safetensors_metadata& metadata, std::ostream& out) {
+  std::vector<safetensors_leaf> leaves;
+  td.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    const file_dtype* dtype = file_dtype_of(t.scalar_type());
+    if (!dtype || dtype->safetensors_name.empty())
+      throw file_error(to_string(path) + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+                       ", which safetensors files cannot hold");
+    if (t.is_sparse() || t.is_quantized() || !t.has_storage()) throw file_error(to_string(path) + " is not a dense tensor");
+    std::string name;
+    for (const auto& part : path) name += (name.empty() ? "" : ".") + part;
+    if (name == "__metadata__") throw file_error("a tensor cannot be named \"__metadata__\" in a safetensors file");
+    leaves.push_back({std::move(name), file_contiguous(t), dtype});
+  });
+  // Larger elements first: with the buffer 8-aligned, each tensor is aligned to its element size.
+  std::stable_sort(leaves.begin(), leaves.end(),
+                   [](const auto& a, const auto& b) { return a.dtype->element_size > b.dtype->element_size; });
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const auto& leaf : leaves) {
+    const auto n = static_cast<std::uint64_t>(leaf.bytes.nbytes());
+    header[leaf.name] = {{"dtype", leaf.dtype->safetensors_name},
+                         {"shape", std::vector<std::int64_t>(leaf.bytes.sizes().begin(), leaf.bytes.sizes().end())},
+                         {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((text.size() >> (8 * i)) & 0xFF);
+  out.write(length, 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& leaf : leaves)
+    out.write(static_cast<const char*>(leaf.bytes.data_ptr()), static_cast<std::streamsize>(leaf.bytes.nbytes()));
+}
+
+}  // namespace detail
+
+// The bytes of a safetensors file holding the TensorDict.
+inline std::string save_safetensors_to_string(const AnyTensorDict& td, const safetensors_metadata& metadata = {}) {
+  std::ostringstream out;
+  detail::write_safetensors(td, metadata, out);
+  return std::move(out).str();
+}
+
+// Written beside `path` and renamed: a failed save leaves an existing file whole.
+inline void save_safetensors(const AnyTensorDict& td, const std::string& path, const safetensors_metadata& metadata = {}) {
+  detail::naming_the_file("tensordict::save_safetensors", path, [&] {
+    detail::write_file_atomically(path, "tensordict::save_safetensors",
+                                  [&](std::ostream& out) { detail::write_safetensors(td, metadata, out); });
+  });
+}
+
+// From bytes in memory; the tensors own their memory.
+inline AnyTensorDict load_safetensors_from_string(std::string_view bytes, const load_options& options = {}) {
+  return detail::load_safetensors_parsed(bytes, nullptr, options);
+}
+
+inline AnyTensorDict load_safetensors(const std::string& path, const load_options& options = {}) {
+  const auto file = detail::mapped_file::open(path, "tensordict::load_safetensors");
+  return detail::naming_the_file("tensordict::load_safetensors", path,
+                                 [&] { return detail::load_safetensors_parsed(file->bytes(), file, options); });
+}
+
+// The header's "__metadata__" (reads the header only).
+inline safetensors_metadata load_safetensors_metadata(const std::string& path) {
+  const auto file = detail::mapped_file::open(path, "tensordict::load_safetensors_metadata");
+  return detail::naming_the_file("tensordict::load_safetensors_metadata", path, [&] {
+    const auto header = detail::safetensors::parse(file->bytes());
+    return safetensors_metadata(header.metadata.begin(), header.metadata.end());
+  });
+}
+
+// Into a typed TensorDict: every name must be a leaf of S; unset leaves stay unset.
+template <schema_type S>
+TensorDict<S> load_safetensors(const std::string& path, const load_options& options = {}) {
+  return detail::typed_from_file<S>(load_safetensors(path, options));
+}
+
+// As load_safetensors<S>, and the keys, shapes and dtypes must be those of
+// `like` (from_module(net)); one error lists every difference.
+template <schema_type S>
+TensorDict<S> load_safetensors(const std::string& path, const TensorDict<S>& like, const load_options& options = {}) {
+  return detail::typed_from_file(load_safetensors(path, options), like);
+}
+
+}  // namespace tensordict
