@@ -594,6 +594,8 @@ TEST_CASE("memmap: what save_memmap writes has Python's layout and meta.json fie
   CHECK(back.keys() == td.keys());
   CHECK((back == td).all());
   CHECK(back.get_tensordict("empty").empty());
+  save_memmap(td, out / "new/parents/td/");  // parents made, the trailing separator ignored
+  CHECK((load_memmap(out / "new/parents/td") == td).all());
   AnyTensorDict smaller({2});
   smaller.set("only", at::ones({2}));
   save_memmap(smaller, out / "td");

@@ -132,7 +132,8 @@ inline AnyTensorDict load_memmap(const std::string& dir, const load_options& opt
 inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string where = "tensordict::save_memmap(\"" + dir + "\"): ";
-  const fs::path target = fs::path(dir).lexically_normal();
+  fs::path target = fs::path(dir).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "out/params/"
   const fs::path partial = target.string() + ".tensordict-partial", old = target.string() + ".tensordict-old";
   std::error_code ec;
   fs::remove_all(partial, ec);
@@ -140,6 +141,7 @@ inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
   if (td.device()) device = td.device()->str();
   any_key_path path;
   try {
+    if (target.has_parent_path()) fs::create_directories(target.parent_path());
     detail::save_memmap_level(td, partial, path, td.batch_size().vec(), device);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(partial, ec);
