@@ -10,6 +10,9 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
 
+#include <ATen/ops/arange.h>
+
+#include <tensordict/any_tensordict.hpp>
 #include <tensordict/typed_tensordict.hpp>
 
 using namespace tensordict;
@@ -336,4 +339,124 @@ TEST_CASE("to(device) builds the result on the target device; index() follows th
   CHECK(picked.batch_size() == c10::IntArrayRef{2});
   CHECK(picked.get<"0", "weight">().device().is_meta());
   CHECK(picked.get<"0", "weight">().sizes() == c10::IntArrayRef{2, 4, 3});
+}
+
+// ---- the everyday verbs, shared by the typed and the run-time forms ------------------------
+
+namespace {
+using verbs_schema = schema<leaf<"a">, field<"n", schema<leaf<"b">>>>;
+
+// batch_size [2, 3]; "a" f32[2,3,4] = arange, ("n", "b") i64[2,3] = arange.
+template <class TD>
+TD verbs_td() {
+  TensorDict<verbs_schema> typed({at::arange(24, at::kFloat).reshape({2, 3, 4}), at::arange(6, at::kLong).reshape({2, 3})}, {2, 3});
+  if constexpr (std::is_same_v<TD, AnyTensorDict>)
+    return AnyTensorDict(typed);
+  else
+    return typed;
+}
+
+bool shares(const at::Tensor& a, const at::Tensor& b) { return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl(); }
+}  // namespace
+
+TEMPLATE_TEST_CASE("shape verbs act on the batch dims; leaves follow, as views", "[tensordict]", TensorDict<verbs_schema>, AnyTensorDict) {
+  const auto td = verbs_td<TestType>();
+  const at::Tensor a = td.values()[0], b = td.values()[1];
+  CHECK(td.shape() == c10::IntArrayRef{2, 3});
+  CHECK(td.ndim() == 2);
+  CHECK(td.numel() == 6);
+  CHECK_FALSE(td.is_empty());
+
+  auto r = td.reshape({3, -1});
+  CHECK(r.batch_size() == c10::IntArrayRef{3, 2});
+  CHECK(r.values()[0].sizes() == c10::IntArrayRef{3, 2, 4});
+  CHECK(r.values()[0].equal(a.reshape({3, 2, 4})));
+  CHECK(shares(r.values()[0], a));
+  CHECK(td.view({6}).values()[1].equal(b.view({6})));
+  auto f = td.flatten();
+  CHECK(f.batch_size() == c10::IntArrayRef{6});
+  CHECK(f.values()[0].sizes() == c10::IntArrayRef{6, 4});
+  CHECK(f.unflatten(0, {2, -1}).values()[0].equal(a));
+  CHECK(td.unsqueeze(1).batch_size() == c10::IntArrayRef{2, 1, 3});
+  CHECK(td.unsqueeze(-1).values()[0].sizes() == c10::IntArrayRef{2, 3, 1, 4});
+  CHECK(td.unsqueeze(1).squeeze().batch_size() == c10::IntArrayRef{2, 3});
+  CHECK(td.unsqueeze(0).squeeze(0).values()[0].equal(a));
+  auto t = td.transpose(0, 1);
+  CHECK(t.batch_size() == c10::IntArrayRef{3, 2});
+  CHECK(t.values()[0].equal(a.transpose(0, 1)));
+  CHECK(shares(t.values()[0], a));
+  CHECK(td.permute({1, 0}).values()[1].equal(b.t()));
+
+  auto parts = td.split(2, 1);
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[1].batch_size() == c10::IntArrayRef{2, 1});
+  CHECK(parts[1].values()[0].equal(a.narrow(1, 2, 1)));
+  CHECK(shares(parts[0].values()[0], a));
+  CHECK(td.split({1, 2}, 1)[1].values()[1].equal(b.narrow(1, 1, 2)));
+  CHECK(td.chunk(2, 0).size() == 2);
+  CHECK(td.chunk(2, 0)[1].values()[0].equal(a[1].unsqueeze(0)));
+
+  CHECK_THROWS_WITH(td.reshape({4, 2}), Contains("batch_size=[2,3] (6 elements) cannot be [4,2]"));
+  CHECK_THROWS_AS(td.transpose(0, 2), index_error);
+  CHECK_THROWS_WITH(td.permute({0, 0}), Contains("is not a permutation"));
+  CHECK_THROWS_WITH(td.split({1, 1}, 1), Contains("do not add up"));
+  CHECK_THROWS_WITH(td.unflatten(1, {2, 2}), Contains("batch dim 1 of size 3 cannot be [2,2]"));
+}
+
+TEMPLATE_TEST_CASE("element-wise verbs, arithmetic and reductions keep the keys", "[tensordict]", TensorDict<verbs_schema>, AnyTensorDict) {
+  auto td = verbs_td<TestType>();
+  const at::Tensor a = td.values()[0], b = td.values()[1];
+
+  auto sum = td + td;
+  CHECK(sum.values()[0].equal(a * 2));
+  CHECK((td * 2).values()[1].equal(b * 2));
+  CHECK((1 - td).values()[0].equal(1 - a));
+  CHECK((td / 2).values()[0].equal(a / 2));
+  CHECK((-td).values()[1].equal(-b));
+  CHECK(td.abs().values()[0].equal(a));
+  CHECK(td.clamp(2, 5).values()[1].equal(b.clamp(2, 5)));
+  CHECK(td.clamp(std::nullopt, 3).values()[0].equal(a.clamp_max(3)));
+  CHECK(td.exp().values()[0].equal(a.exp()));
+
+  auto norms = td.to(at::kFloat).norm();  // libtorch has no norm of integers
+  CHECK(norms.batch_size().empty());
+  CHECK(norms.values()[0].allclose(a.norm()));
+  CHECK(td.sum().batch_size().empty());
+  CHECK(td.sum().values()[0].equal(a.sum(std::vector<std::int64_t>{0, 1})));
+  CHECK(td.sum(1).values()[1].equal(b.sum(1)));
+  CHECK(td.to(at::kFloat).mean(0, true).batch_size() == c10::IntArrayRef{1, 3});
+  CHECK(td.max(1).values()[1].equal(b.amax(1)));
+  CHECK(td.min().values()[0].equal(a.amin(std::vector<std::int64_t>{0, 1})));
+
+  // In place: the same tensors, new values; a failed call writes nothing.
+  auto copy = td.clone();
+  const at::Tensor ca = copy.values()[0];
+  copy.add_(td).mul_(td * 0 + 1).sub_(td);  // (a + a) * 1 - a
+  CHECK(copy.values()[0].is_same(ca));
+  CHECK(ca.equal(a));
+  auto other = td.clone();
+  other.sub_(1);
+  CHECK(other.values()[1].equal(b - 1));
+  auto wider = td.unsqueeze(0);
+  CHECK_THROWS_WITH(copy.add_(wider), Contains("batch_size=[2,3] and batch_size=[1,2,3] differ"));
+  CHECK(ca.equal(a));
+
+  auto mask = at::tensor({1, 0}).to(at::kBool);
+  auto filled = td.clone();
+  filled.masked_fill_(mask, -1);
+  CHECK(filled.values()[0][0].eq(-1).all().template item<bool>());
+  CHECK(filled.values()[0][1].equal(a[1]));
+  CHECK(td.masked_fill(mask, 0).values()[1][0].eq(0).all().template item<bool>());
+  auto chosen = td.where(mask, td * 10);
+  CHECK(chosen.values()[1][0].equal(b[0]));
+  CHECK(chosen.values()[1][1].equal(b[1] * 10));
+  CHECK(td.where(mask, 7).values()[0][1].eq(7).all().template item<bool>());
+  CHECK_THROWS_WITH(td.masked_fill_(at::tensor({1, 0, 1}).to(at::kBool), 0), Contains("is not batch_size=[2,3]"));
+
+  auto padded = pad(td, {1, 0, 0, 2}, 9);
+  CHECK(padded.batch_size() == c10::IntArrayRef{3, 5});
+  CHECK(padded.values()[0].sizes() == c10::IntArrayRef{3, 5, 4});
+  CHECK(padded.values()[0][0].eq(9).all().template item<bool>());
+  CHECK(padded.values()[0].narrow(0, 1, 2).narrow(1, 0, 3).equal(a));
+  CHECK_THROWS_WITH(pad(td, {1, 0, 0}), Contains("is not (before, after) pairs"));
 }

@@ -1,16 +1,26 @@
 // The verbs that the typed TensorDict and AnyTensorDict share, written once
 // over what each provides: apply(f[, batch_size[, device]]), values() (the
-// leaves themselves, in order) and batch_size().
+// leaves themselves, in order), batch_size() and compare(other, op, f) (the
+// leaves of two TensorDicts with the same keys, paired).
+//
+// Shape verbs act on the batch dims only; each leaf's own dims follow
+// unchanged (Python tensordict's semantics), and a leaf is a view wherever
+// libtorch gives one for the same call on a tensor.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <numeric>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include <ATen/TensorIndexing.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include "../errors.hpp"
@@ -156,6 +166,214 @@ class tensordict_ops {
         target);
   }
 
+
+  // ---- the batch shape ---------------------------------------------------------------
+
+  // The batch size, as Python's td.shape; ndim() its length, numel() its product.
+  c10::IntArrayRef shape() const { return self().batch_size(); }
+  std::int64_t ndim() const { return static_cast<std::int64_t>(self().batch_size().size()); }
+  std::int64_t numel() const {
+    const auto b = self().batch_size();
+    return std::accumulate(b.begin(), b.end(), std::int64_t{1}, std::multiplies<>());
+  }
+  // True when no leaf is set (empty sub-TensorDicts hold none), as Python's is_empty().
+  bool is_empty() const { return self().values().empty(); }
+
+  // The batch dims reshaped (one size may be -1); leaves are views where libtorch's reshape gives one.
+  Derived reshape(c10::IntArrayRef shape) const {
+    const auto target = resolved_shape(shape, "reshape");
+    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef leaf) { return t.reshape(joined(target, leaf)); });
+  }
+  // As reshape, and every leaf must be viewable (else libtorch's error names the leaf's shape).
+  Derived view(c10::IntArrayRef shape) const {
+    const auto target = resolved_shape(shape, "view");
+    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef leaf) { return t.view(joined(target, leaf)); });
+  }
+  // Batch dims start..end (inclusive) as one.
+  Derived flatten(std::int64_t start = 0, std::int64_t end = -1) const {
+    const auto b = self().batch_size();
+    if (b.empty()) return self().apply([](const at::Tensor& t) { return t; });
+    start = batch_dim(start, "flatten");
+    end = batch_dim(end, "flatten");
+    if (start > end) throw index_error("TensorDict.flatten: start " + std::to_string(start) + " is after end " + std::to_string(end));
+    std::vector<std::int64_t> target(b.begin(), b.begin() + start);
+    target.push_back(std::accumulate(b.begin() + start, b.begin() + end + 1, std::int64_t{1}, std::multiplies<>()));
+    target.insert(target.end(), b.begin() + end + 1, b.end());
+    return reshape(target);
+  }
+  // Batch dim `dim` as `sizes` (one may be -1).
+  Derived unflatten(std::int64_t dim, c10::IntArrayRef sizes) const {
+    dim = batch_dim(dim, "unflatten");
+    const auto b = self().batch_size();
+    std::vector<std::int64_t> target(b.begin(), b.begin() + dim);
+    target.insert(target.end(), sizes.begin(), sizes.end());
+    target.insert(target.end(), b.begin() + dim + 1, b.end());
+    const auto known = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{1},
+                                       [](std::int64_t a, std::int64_t s) { return s == -1 ? a : a * s; });
+    const bool inferred = std::count(sizes.begin(), sizes.end(), -1) == 1;
+    if ((inferred && (known == 0 || b[dim] % known != 0)) || (!inferred && known != b[dim]))
+      throw shape_error("TensorDict.unflatten: batch dim " + std::to_string(dim) + " of size " + std::to_string(b[dim]) +
+                        " cannot be " + format_sizes(sizes));
+    return reshape(target);
+  }
+  // Every batch dim of size 1 removed; with a dim, that one if its size is 1 (as at::Tensor::squeeze).
+  Derived squeeze() const {
+    const auto b = self().batch_size();
+    std::vector<std::int64_t> keep;
+    for (std::size_t d = 0; d < b.size(); ++d)
+      if (b[d] != 1) keep.push_back(b[d]);
+    return reshape(keep);
+  }
+  Derived squeeze(std::int64_t dim) const {
+    dim = batch_dim(dim, "squeeze");
+    if (self().batch_size()[dim] != 1) return self().apply([](const at::Tensor& t) { return t; });
+    std::vector<std::int64_t> target = self().batch_size().vec();
+    target.erase(target.begin() + dim);
+    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.squeeze(dim); });
+  }
+  // A new batch dim of size 1 at dim (0..ndim, or negative from the end of the batch dims).
+  Derived unsqueeze(std::int64_t dim) const {
+    const std::int64_t nb = ndim();
+    if (dim < -(nb + 1) || dim > nb)
+      throw index_error("TensorDict.unsqueeze: dim " + std::to_string(dim) + " is out of range for batch_size=" +
+                        format_sizes(self().batch_size()));
+    if (dim < 0) dim += nb + 1;
+    std::vector<std::int64_t> target = self().batch_size().vec();
+    target.insert(target.begin() + dim, 1);
+    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.unsqueeze(dim); });
+  }
+  // The batch dims in the order `dims` (a permutation of 0..ndim-1).
+  Derived permute(c10::IntArrayRef dims) const {
+    const std::int64_t nb = ndim();
+    std::vector<std::int64_t> order;
+    std::vector<bool> seen(static_cast<std::size_t>(nb));
+    for (auto d : dims) {
+      const auto k = d < 0 ? d + nb : d;
+      if (dims.size() != static_cast<std::size_t>(nb) || k < 0 || k >= nb || seen[k])
+        throw index_error("TensorDict.permute: " + format_sizes(dims) + " is not a permutation of the " + std::to_string(nb) +
+                          " batch dims of batch_size=" + format_sizes(self().batch_size()));
+      seen[k] = true;
+      order.push_back(k);
+    }
+    std::vector<std::int64_t> target;
+    for (auto k : order) target.push_back(self().batch_size()[k]);
+    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) {
+      std::vector<std::int64_t> all = order;
+      for (std::int64_t d = nb; d < t.dim(); ++d) all.push_back(d);
+      return t.permute(all);
+    });
+  }
+  Derived transpose(std::int64_t dim0, std::int64_t dim1) const {
+    dim0 = batch_dim(dim0, "transpose");
+    dim1 = batch_dim(dim1, "transpose");
+    std::vector<std::int64_t> target = self().batch_size().vec();
+    std::swap(target[dim0], target[dim1]);
+    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.transpose(dim0, dim1); });
+  }
+
+  // Pieces along a batch dim, views: of `size` each (the last may be smaller),
+  // or of the given sizes (which must add up to the dim's size).
+  std::vector<Derived> split(std::int64_t size, std::int64_t dim = 0) const {
+    dim = batch_dim(dim, "split");
+    if (size <= 0) throw value_error("TensorDict.split: the size " + std::to_string(size) + " is not positive");
+    const std::int64_t n = self().batch_size()[dim];
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t start = 0; start < n; start += size) sizes.push_back(std::min(size, n - start));
+    return pieces(sizes, dim);
+  }
+  std::vector<Derived> split(c10::IntArrayRef sizes, std::int64_t dim = 0) const {
+    dim = batch_dim(dim, "split");
+    const std::int64_t total = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+    if (total != self().batch_size()[dim] || std::any_of(sizes.begin(), sizes.end(), [](auto s) { return s < 0; }))
+      throw shape_error("TensorDict.split: the sizes " + format_sizes(sizes) + " do not add up to batch dim " + std::to_string(dim) +
+                        " of batch_size=" + format_sizes(self().batch_size()));
+    return pieces(std::vector<std::int64_t>(sizes.begin(), sizes.end()), dim);
+  }
+  // At most n pieces of equal size (the last may be smaller), as at::Tensor::chunk.
+  std::vector<Derived> chunk(std::int64_t n, std::int64_t dim = 0) const {
+    if (n <= 0) throw value_error("TensorDict.chunk: the number of chunks " + std::to_string(n) + " is not positive");
+    const std::int64_t size = self().batch_size()[batch_dim(dim, "chunk")];
+    return split(std::max<std::int64_t>(1, (size + n - 1) / n), dim);
+  }
+
+  // ---- element-wise ----------------------------------------------------------------
+
+  // Writes value where mask (batch-shaped, or its leading dims) is true, in every leaf.
+  Derived& masked_fill_(const at::Tensor& mask, const at::Scalar& value) {
+    check_batch_tensor(mask, "masked_fill_");
+    return apply_([&](at::Tensor& t) { t.masked_fill_(right_aligned(mask, t), value); });
+  }
+  Derived masked_fill(const at::Tensor& mask, const at::Scalar& value) const {
+    check_batch_tensor(mask, "masked_fill");
+    return self().apply([&](const at::Tensor& t) { return t.masked_fill(right_aligned(mask, t), value); });
+  }
+  // Leaves of this where cond (batch-shaped) is true, else of other (the same keys) or the scalar.
+  Derived where(const at::Tensor& cond, const Derived& other) const {
+    check_batch_tensor(cond, "where");
+    return self().compare(other, "where", [&](const at::Tensor& a, const at::Tensor& b) { return a.where(right_aligned(cond, a), b); });
+  }
+  Derived where(const at::Tensor& cond, const at::Scalar& other) const {
+    check_batch_tensor(cond, "where");
+    return self().apply([&](const at::Tensor& t) { return t.where(right_aligned(cond, t), at::scalar_tensor(other, t.options())); });
+  }
+
+  // Leaf-wise arithmetic with a TensorDict of the same keys and batch size, or a scalar.
+  Derived operator+(const Derived& o) const { return paired(o, "+", [](auto& a, auto& b) { return a + b; }); }
+  Derived operator-(const Derived& o) const { return paired(o, "-", [](auto& a, auto& b) { return a - b; }); }
+  Derived operator*(const Derived& o) const { return paired(o, "*", [](auto& a, auto& b) { return a * b; }); }
+  Derived operator/(const Derived& o) const { return paired(o, "/", [](auto& a, auto& b) { return a / b; }); }
+  Derived operator+(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t + s; }); }
+  Derived operator-(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t - s; }); }
+  Derived operator*(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t * s; }); }
+  Derived operator/(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t / s; }); }
+  friend Derived operator+(const at::Scalar& s, const Derived& td) { return td + s; }
+  friend Derived operator*(const at::Scalar& s, const Derived& td) { return td * s; }
+  friend Derived operator-(const at::Scalar& s, const Derived& td) {
+    return td.apply([&](const at::Tensor& t) { return at::scalar_tensor(s, t.options()) - t; });
+  }
+  Derived operator-() const { return neg(); }
+
+  // In place: every pair is checked (keys, batch size) before the first leaf is written.
+  Derived& add_(const Derived& o) { return paired_(o, "add_", [](at::Tensor& a, const at::Tensor& b) { a.add_(b); }); }
+  Derived& sub_(const Derived& o) { return paired_(o, "sub_", [](at::Tensor& a, const at::Tensor& b) { a.sub_(b); }); }
+  Derived& mul_(const Derived& o) { return paired_(o, "mul_", [](at::Tensor& a, const at::Tensor& b) { a.mul_(b); }); }
+  Derived& div_(const Derived& o) { return paired_(o, "div_", [](at::Tensor& a, const at::Tensor& b) { a.div_(b); }); }
+  Derived& add_(const at::Scalar& s) { return apply_([&](at::Tensor& t) { t.add_(s); }); }
+  Derived& sub_(const at::Scalar& s) { return apply_([&](at::Tensor& t) { t.sub_(s); }); }
+  Derived& mul_(const at::Scalar& s) { return apply_([&](at::Tensor& t) { t.mul_(s); }); }
+  Derived& div_(const at::Scalar& s) { return apply_([&](at::Tensor& t) { t.div_(s); }); }
+
+  Derived abs() const { return self().apply([](const at::Tensor& t) { return t.abs(); }); }
+  Derived neg() const { return self().apply([](const at::Tensor& t) { return t.neg(); }); }
+  Derived exp() const { return self().apply([](const at::Tensor& t) { return t.exp(); }); }
+  Derived log() const { return self().apply([](const at::Tensor& t) { return t.log(); }); }
+  Derived sqrt() const { return self().apply([](const at::Tensor& t) { return t.sqrt(); }); }
+  Derived clamp(const std::optional<at::Scalar>& min, const std::optional<at::Scalar>& max = std::nullopt) const {
+    c10::optional<at::Scalar> low, high;  // c10::optional is not std::optional in libtorch 1.13
+    if (min) low = *min;
+    if (max) high = *max;
+    return self().apply([&](const at::Tensor& t) { return t.clamp(low, high); });
+  }
+
+  // The 2-norm of each leaf (all its elements), as a TensorDict with batch_size [] (Python's td.norm()).
+  Derived norm() const {
+    return self().apply([](const at::Tensor& t) { return t.norm(); }, std::vector<std::int64_t>{});
+  }
+
+  // Reductions over batch dims (all of them by default): leaves keep their own dims.
+  Derived sum(std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) const {
+    return reduced(dim, keepdim, "sum", [](const at::Tensor& t, std::int64_t d, bool k) { return t.sum(d, k); });
+  }
+  Derived mean(std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) const {
+    return reduced(dim, keepdim, "mean", [](const at::Tensor& t, std::int64_t d, bool k) { return t.mean(d, k); });
+  }
+  Derived max(std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) const {
+    return reduced(dim, keepdim, "max", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amax(d, k); });
+  }
+  Derived min(std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) const {
+    return reduced(dim, keepdim, "min", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amin(d, k); });
+  }
+
  protected:
   std::int64_t batch_dim(std::int64_t dim, const char* op) const {
     const auto nb = static_cast<std::int64_t>(self().batch_size().size());
@@ -165,8 +383,136 @@ class tensordict_ops {
     return dim < 0 ? dim + nb : dim;
   }
 
+
+  // The batch shape `shape` with one -1 resolved, checked against numel().
+  std::vector<std::int64_t> resolved_shape(c10::IntArrayRef shape, const char* op) const {
+    std::vector<std::int64_t> out(shape.begin(), shape.end());
+    std::int64_t known = 1, inferred = -1;
+    for (std::size_t d = 0; d < out.size(); ++d) {
+      if (out[d] == -1 && inferred < 0) inferred = static_cast<std::int64_t>(d);
+      else if (out[d] < 0) throw shape_error(std::string("TensorDict.") + op + ": the shape " + format_sizes(shape) + " is invalid");
+      else known *= out[d];
+    }
+    const std::int64_t n = numel();
+    if (inferred >= 0) {
+      if (known == 0 || n % known != 0)
+        throw shape_error(std::string("TensorDict.") + op + ": batch_size=" + format_sizes(self().batch_size()) + " cannot be " +
+                          format_sizes(shape));
+      out[inferred] = n / known;
+    } else if (known != n) {
+      throw shape_error(std::string("TensorDict.") + op + ": batch_size=" + format_sizes(self().batch_size()) + " (" +
+                        std::to_string(n) + " elements) cannot be " + format_sizes(shape));
+    }
+    return out;
+  }
+  static std::vector<std::int64_t> joined(c10::IntArrayRef batch, c10::IntArrayRef leaf) {
+    std::vector<std::int64_t> out(batch.begin(), batch.end());
+    out.insert(out.end(), leaf.begin(), leaf.end());
+    return out;
+  }
+  // f(leaf, the leaf's own dims) for every leaf, into a TensorDict of batch size `batch`.
+  template <class F>
+  Derived with_batch(c10::IntArrayRef batch, F&& f) const {
+    const auto nb = self().batch_size().size();
+    return self().apply([&](const at::Tensor& t) { return f(t, t.sizes().slice(nb)); }, batch);
+  }
+  std::vector<Derived> pieces(const std::vector<std::int64_t>& sizes, std::int64_t dim) const {
+    std::vector<Derived> out;
+    std::int64_t start = 0;
+    for (auto size : sizes) {
+      std::vector<std::int64_t> batch = self().batch_size().vec();
+      batch[dim] = size;
+      out.push_back(self().apply([&](const at::Tensor& t) { return t.narrow(dim, start, size); }, batch));
+      start += size;
+    }
+    return out;
+  }
+  // A mask or condition over the batch dims (all, or the leading ones).
+  void check_batch_tensor(const at::Tensor& mask, const char* op) const {
+    const auto b = self().batch_size();
+    if (mask.dim() > static_cast<std::int64_t>(b.size()) || !std::equal(mask.sizes().begin(), mask.sizes().end(), b.begin()))
+      throw shape_error(std::string("TensorDict.") + op + ": the mask's shape " + format_sizes(mask.sizes()) +
+                        " is not batch_size=" + format_sizes(b) + " (or its leading dims)");
+  }
+  // The mask with trailing dims of size 1, so that it broadcasts over the leaf's own dims.
+  static at::Tensor right_aligned(const at::Tensor& mask, const at::Tensor& leaf) {
+    std::vector<std::int64_t> shape = mask.sizes().vec();
+    shape.resize(static_cast<std::size_t>(std::max<std::int64_t>(leaf.dim(), mask.dim())), 1);
+    return mask.reshape(shape);
+  }
+  void check_same_batch(const Derived& o, const char* op) const {
+    if (!self().batch_size().equals(o.batch_size()))
+      throw shape_error(std::string("TensorDict ") + op + ": batch_size=" + format_sizes(self().batch_size()) + " and batch_size=" +
+                        format_sizes(o.batch_size()) + " differ");
+  }
+  template <class F>
+  Derived paired(const Derived& o, const char* op, F&& f) const {
+    check_same_batch(o, op);
+    return self().compare(o, op, f);
+  }
+  template <class F>
+  Derived& paired_(const Derived& o, const char* op, F&& f) {
+    check_same_batch(o, op);
+    // The other side's leaves in this side's order; a missing key throws before any write.
+    const Derived others = self().compare(o, op, [](const at::Tensor&, const at::Tensor& b) { return b; });
+    std::vector<at::Tensor> mine = self().values(), theirs = others.values();
+    for (std::size_t i = 0; i < mine.size(); ++i) f(mine[i], theirs[i]);
+    return static_cast<Derived&>(*this);
+  }
+  template <class F>
+  Derived reduced(std::optional<std::int64_t> dim, bool keepdim, const char* op, F&& f) const {
+    const auto b = self().batch_size();
+    if (!dim) {
+      if (b.empty()) return self().apply([](const at::Tensor& t) { return t; });
+      std::vector<std::int64_t> target = keepdim ? std::vector<std::int64_t>(b.size(), 1) : std::vector<std::int64_t>{};
+      return self().apply(
+          [&](const at::Tensor& t) {
+            at::Tensor r = t;
+            for (auto d = static_cast<std::int64_t>(b.size()) - 1; d >= 0; --d) r = f(r, d, keepdim);
+            return r;
+          },
+          target);
+    }
+    const std::int64_t d = batch_dim(*dim, op);
+    std::vector<std::int64_t> target = b.vec();
+    if (keepdim) target[d] = 1;
+    else target.erase(target.begin() + d);
+    return self().apply([&](const at::Tensor& t) { return f(t, d, keepdim); }, target);
+  }
  private:
   const Derived& self() const { return static_cast<const Derived&>(*this); }
 };
 
 }  // namespace tensordict::detail
+
+namespace tensordict {
+
+// Pads the batch dims with `value`: pads holds (before, after) pairs from the
+// first batch dim on, as Python's tensordict.pad(td, pad_size, value).
+template <class TD>
+  requires std::is_base_of_v<detail::tensordict_ops<TD>, TD>
+TD pad(const TD& td, c10::IntArrayRef pads, const at::Scalar& value = 0) {
+  const auto b = td.batch_size();
+  if (pads.size() % 2 != 0 || pads.size() / 2 > b.size())
+    throw shape_error("tensordict::pad: " + format_sizes(pads) + " is not (before, after) pairs for at most the " +
+                      std::to_string(b.size()) + " batch dims of batch_size=" + format_sizes(b));
+  std::vector<std::int64_t> target = b.vec();
+  for (std::size_t d = 0; d < pads.size() / 2; ++d) {
+    target[d] += pads[2 * d] + pads[2 * d + 1];
+    if (target[d] < 0) throw shape_error("tensordict::pad: " + format_sizes(pads) + " leaves batch dim " + std::to_string(d) + " negative");
+  }
+  return td.apply(
+      [&](const at::Tensor& t) {
+        // constant_pad_nd's pairs start at the last dim.
+        std::vector<std::int64_t> reversed(2 * static_cast<std::size_t>(t.dim()), 0);
+        for (std::size_t d = 0; d < pads.size() / 2; ++d) {
+          const std::size_t from_end = static_cast<std::size_t>(t.dim()) - 1 - d;
+          reversed[2 * from_end] = pads[2 * d];
+          reversed[2 * from_end + 1] = pads[2 * d + 1];
+        }
+        return at::constant_pad_nd(t, reversed, value);
+      },
+      target);
+}
+
+}  // namespace tensordict
