@@ -435,6 +435,8 @@ TEST_CASE("safetensors: round trip, dotted names, dtypes, metadata", "[files]") 
     CHECK(back.get(key).equal(t));
   }
   CHECK(mapped(back.get("0", "weight")));
+  back.get("0", "weight").zero_();  // copy-on-write
+  CHECK(bytes_of(path) == bytes);
   CHECK_FALSE(mapped(load_safetensors(path, {.memory = load_memory::owned}).get("0", "weight")));
   CHECK((load_safetensors_from_string(bytes) == td).all());
 
@@ -543,6 +545,10 @@ TEST_CASE("memmap: directories Python tensordict 0.4 wrote load with their keys,
   CHECK((mlp.flatten_keys() == load(dir + "mlp_params.expected.pt")).all());
   CHECK(mlp.get("0", "weight").sizes() == c10::IntArrayRef{4, 3});
   CHECK(mapped(mlp.get("0", "weight")));
+  const std::string weight_file = bytes_of(dir + "mlp_params/0/weight.memmap");
+  mlp.get("0", "weight").fill_(3);  // copy-on-write: the (read-only) fixture is not touched
+  CHECK(bytes_of(dir + "mlp_params/0/weight.memmap") == weight_file);
+  CHECK(load_memmap(dir + "mlp_params").get("0", "weight").equal(load(dir + "mlp_params.expected.pt").get("0.weight")));
 
   auto batch = load_memmap(dir + "sample_batch");
   CHECK(batch.batch_size() == c10::IntArrayRef{5});
