@@ -318,18 +318,18 @@ class tensordict_ops {
   }
 
   // Leaf-wise arithmetic with a TensorDict of the same keys and batch size, or a scalar.
-  Derived operator+(const Derived& o) const { return paired(o, "+", [](auto& a, auto& b) { return a + b; }); }
-  Derived operator-(const Derived& o) const { return paired(o, "-", [](auto& a, auto& b) { return a - b; }); }
-  Derived operator*(const Derived& o) const { return paired(o, "*", [](auto& a, auto& b) { return a * b; }); }
-  Derived operator/(const Derived& o) const { return paired(o, "/", [](auto& a, auto& b) { return a / b; }); }
-  Derived operator+(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t + s; }); }
-  Derived operator-(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t - s; }); }
-  Derived operator*(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t * s; }); }
-  Derived operator/(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t / s; }); }
+  Derived operator+(const Derived& o) const { return paired(o, "+", [](auto& a, auto& b) { return a.add(b); }); }
+  Derived operator-(const Derived& o) const { return paired(o, "-", [](auto& a, auto& b) { return a.sub(b); }); }
+  Derived operator*(const Derived& o) const { return paired(o, "*", [](auto& a, auto& b) { return a.mul(b); }); }
+  Derived operator/(const Derived& o) const { return paired(o, "/", [](auto& a, auto& b) { return a.div(b); }); }
+  Derived operator+(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t.add(s); }); }
+  Derived operator-(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t.sub(s); }); }
+  Derived operator*(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t.mul(s); }); }
+  Derived operator/(const at::Scalar& s) const { return self().apply([&](const at::Tensor& t) { return t.div(s); }); }
   friend Derived operator+(const at::Scalar& s, const Derived& td) { return td + s; }
   friend Derived operator*(const at::Scalar& s, const Derived& td) { return td * s; }
   friend Derived operator-(const at::Scalar& s, const Derived& td) {
-    return td.apply([&](const at::Tensor& t) { return at::scalar_tensor(s, t.options()) - t; });
+    return td.apply([&](const at::Tensor& t) { return at::scalar_tensor(s, t.options()).sub(t); });
   }
   Derived operator-() const { return neg(); }
 
@@ -360,17 +360,29 @@ class tensordict_ops {
     return self().apply([](const at::Tensor& t) { return t.norm(); }, std::vector<std::int64_t>{});
   }
 
-  // Reductions over batch dims (all of them by default): leaves keep their own dims.
-  Derived sum(std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) const {
+  // Reductions over one batch dim, or over all of them: leaves keep their own dims.
+  Derived sum() const {
+    return reduced_all([](const at::Tensor& t, std::int64_t d) { return t.sum(d); });
+  }
+  Derived sum(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "sum", [](const at::Tensor& t, std::int64_t d, bool k) { return t.sum(d, k); });
   }
-  Derived mean(std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) const {
+  Derived mean() const {
+    return reduced_all([](const at::Tensor& t, std::int64_t d) { return t.mean(d); });
+  }
+  Derived mean(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "mean", [](const at::Tensor& t, std::int64_t d, bool k) { return t.mean(d, k); });
   }
-  Derived max(std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) const {
+  Derived max() const {
+    return reduced_all([](const at::Tensor& t, std::int64_t d) { return t.amax(d); });
+  }
+  Derived max(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "max", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amax(d, k); });
   }
-  Derived min(std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false) const {
+  Derived min() const {
+    return reduced_all([](const at::Tensor& t, std::int64_t d) { return t.amin(d); });
+  }
+  Derived min(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "min", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amin(d, k); });
   }
 
@@ -459,26 +471,27 @@ class tensordict_ops {
     for (std::size_t i = 0; i < mine.size(); ++i) f(mine[i], theirs[i]);
     return static_cast<Derived&>(*this);
   }
+  // The batch dims reduced one by one, the last first, so that each index still names its dim.
   template <class F>
-  Derived reduced(std::optional<std::int64_t> dim, bool keepdim, const char* op, F&& f) const {
-    const auto b = self().batch_size();
-    if (!dim) {
-      if (b.empty()) return self().apply([](const at::Tensor& t) { return t; });
-      std::vector<std::int64_t> target = keepdim ? std::vector<std::int64_t>(b.size(), 1) : std::vector<std::int64_t>{};
-      return self().apply(
-          [&](const at::Tensor& t) {
-            at::Tensor r = t;
-            for (auto d = static_cast<std::int64_t>(b.size()) - 1; d >= 0; --d) r = f(r, d, keepdim);
-            return r;
-          },
-          target);
-    }
-    const std::int64_t d = batch_dim(*dim, op);
-    std::vector<std::int64_t> target = b.vec();
+  Derived reduced_all(F&& f) const {
+    const auto nb = static_cast<std::int64_t>(self().batch_size().size());
+    return self().apply(
+        [&](const at::Tensor& t) {
+          at::Tensor r = t;
+          for (auto d = nb - 1; d >= 0; --d) r = f(r, d);
+          return r;
+        },
+        std::vector<std::int64_t>{});
+  }
+  template <class F>
+  Derived reduced(std::int64_t dim, bool keepdim, const char* op, F&& f) const {
+    const std::int64_t d = batch_dim(dim, op);
+    std::vector<std::int64_t> target = self().batch_size().vec();
     if (keepdim) target[d] = 1;
     else target.erase(target.begin() + d);
     return self().apply([&](const at::Tensor& t) { return f(t, d, keepdim); }, target);
   }
+
  private:
   const Derived& self() const { return static_cast<const Derived&>(*this); }
 };
