@@ -61,10 +61,8 @@ inline constexpr std::array<at::ScalarType, 12> archive_dtypes{
 
 // The types a torch.save storage can have (torch.<Name>Storage).
 inline void check_savable(const at::Tensor& t, const any_key_path& path) {
-  if (std::find(archive_dtypes.begin(), archive_dtypes.end(), t.scalar_type()) == archive_dtypes.end())
-    throw file_error(to_string(path) + " has dtype " + std::string(c10::toString(t.scalar_type())) +
-                     ", which torch.save files of this version cannot hold");
-  if (t.is_sparse() || t.is_quantized() || !t.has_storage()) throw file_error(to_string(path) + " is not a dense tensor");
+  check_writable(t, path, std::find(archive_dtypes.begin(), archive_dtypes.end(), t.scalar_type()) != archive_dtypes.end(),
+                 "torch.save files of this version");
 }
 
 // The TensorDict as nested dicts of tensors, for torch::jit::Pickler. Tensors
@@ -177,15 +175,21 @@ inline AnyTensorDict load_parsed(std::string_view bytes, const std::shared_ptr<c
 }  // namespace detail
 
 // The bytes of a torch.save file holding the TensorDict (typed ones convert implicitly).
+namespace detail {
+inline AnyTensorDict laid_out(const AnyTensorDict& td, const save_options& options) {
+  return options.layout == file_layout::flat ? td.flatten_keys(options.separator) : td;
+}
+}  // namespace detail
+
 inline std::string save_to_string(const AnyTensorDict& td, const save_options& options = {}) {
   std::ostringstream out;
-  detail::write_torch_save(options.layout == file_layout::flat ? td.flatten_keys(options.separator) : td, out);
+  detail::write_torch_save(detail::laid_out(td, options), out);
   return std::move(out).str();
 }
 
 // Written beside `path` and renamed: a failed save leaves an existing file whole.
 inline void save(const AnyTensorDict& td, const std::string& path, const save_options& options = {}) {
-  const AnyTensorDict laid_out = options.layout == file_layout::flat ? td.flatten_keys(options.separator) : td;
+  const AnyTensorDict laid_out = detail::laid_out(td, options);
   detail::naming_the_file("tensordict::save", path, [&] {
     detail::write_file_atomically(path, "tensordict::save", [&](std::ostream& out) { detail::write_torch_save(laid_out, out); });
   });

@@ -89,8 +89,7 @@ inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::pa
     if (td.is_leaf({name})) {
       const at::Tensor& t = td.get({name});
       const file_dtype* dtype = file_dtype_of(t.scalar_type());
-      if (!dtype) throw file_error(to_string(path) + " has dtype " + std::string(c10::toString(t.scalar_type())) + ", which memmap files cannot hold");
-      if (t.is_sparse() || t.is_quantized() || !t.has_storage()) throw file_error(to_string(path) + " is not a dense tensor");
+      check_writable(t, path, dtype != nullptr, "memmap files");
       const at::Tensor bytes = file_contiguous(t);
       const std::string file = (dir / (name + ".memmap")).string();
       std::ofstream out(file, std::ios::binary | std::ios::trunc);

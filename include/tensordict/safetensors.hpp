@@ -60,7 +60,7 @@ inline AnyTensorDict load_safetensors_parsed(std::string_view bytes, const std::
   for (const auto& t : header.tensors) {
     const at::ScalarType dtype = checked_scalar_type(*t.dtype, "the safetensors tensor \"" + t.name + "\"");
     const std::string_view data = bytes.substr(header.buffer_offset + t.begin, t.end - t.begin);
-    flat.set({t.name}, tensor_over(file, data, dtype, file ? options.memory : load_memory::owned).view(t.shape));
+    flat.set({t.name}, tensor_over(file, data, dtype, options.memory).view(t.shape));
   }
   return unflatten_unless_clashing(flat);
 }
@@ -75,10 +75,7 @@ inline void write_safetensors(const AnyTensorDict& td, const safetensors_metadat
   std::vector<safetensors_leaf> leaves;
   td.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
     const file_dtype* dtype = file_dtype_of(t.scalar_type());
-    if (!dtype || dtype->safetensors_name.empty())
-      throw file_error(to_string(path) + " has dtype " + std::string(c10::toString(t.scalar_type())) +
-                       ", which safetensors files cannot hold");
-    if (t.is_sparse() || t.is_quantized() || !t.has_storage()) throw file_error(to_string(path) + " is not a dense tensor");
+    check_writable(t, path, dtype && !dtype->safetensors_name.empty(), "safetensors files");
     std::string name;
     for (const auto& part : path) name += (name.empty() ? "" : ".") + part;
     if (name == "__metadata__") throw file_error("a tensor cannot be named \"__metadata__\" in a safetensors file");

@@ -82,6 +82,15 @@ inline at::Tensor tensor_over(const std::shared_ptr<const mapped_file>& file, st
   return out;
 }
 
+// A leaf that a file can hold: a dtype the format has (`format_has_dtype`;
+// `files` names the format in the error) and a dense tensor.
+inline void check_writable(const at::Tensor& t, const any_key_path& path, bool format_has_dtype, const char* files) {
+  if (!format_has_dtype)
+    throw file_error(to_string(path) + " has dtype " + std::string(c10::toString(t.scalar_type())) + ", which " + files +
+                     " cannot hold");
+  if (t.is_sparse() || t.is_quantized() || !t.has_storage()) throw file_error(to_string(path) + " is not a dense tensor");
+}
+
 // The bytes of a tensor as a file holds them: contiguous, on the CPU.
 inline at::Tensor file_contiguous(const at::Tensor& t) { return t.detach().to(at::kCPU).contiguous(); }
 
