@@ -68,4 +68,19 @@ static_assert(unflatten_order_v<interleaved> == std::array<std::size_t, 3>{0, 2,
 static_assert(schema_equal_v<mlp, schema<node<"0", leaf<"weight">, leaf<"bias">>, node<"2", leaf<"weight">, leaf<"bias">>>>);
 static_assert(!schema_equal_v<mlp, schema<node<"0", leaf<"bias">, leaf<"weight">>, node<"2", leaf<"weight">, leaf<"bias">>>>);
 static_assert(!schema_equal_v<mlp, flat_mlp>);
+
+// select, exclude, rename, sub-schemas (leaf maps point into the source's leaves)
+static_assert(std::is_same_v<select_t<deep, "scale", "0">, schema<leaf<"scale">, field<"0", linear>>>);
+static_assert(tensordict::detail::select_impl<deep, "scale", "0">::leaves == std::array<std::size_t, 3>{4, 0, 1});
+static_assert(std::is_same_v<exclude_t<deep, "0", "deep">, schema<field<"2", linear>, leaf<"scale">>>);
+static_assert(tensordict::detail::exclude_impl<deep, "0", "deep">::leaves == std::array<std::size_t, 3>{2, 3, 4});
+static_assert(std::is_same_v<exclude_t<linear>, linear>);
+static_assert(std::is_same_v<rename_t<mlp, "2", "1">, schema<field<"0", linear>, field<"1", linear>>>);
+static_assert(std::is_same_v<rename_t<mlp, "2", "2">, mlp>);
+static_assert(is_sub_schema_v<schema<node<"deep", node<"er", leaf<"x">>>, leaf<"scale">>, deep>);
+static_assert(tensordict::detail::embedding<schema<node<"deep", node<"er", leaf<"x">>>, node<"2", leaf<"bias">>>, deep>::leaves ==
+              std::array<std::size_t, 2>{5, 3});
+static_assert(is_sub_schema_v<schema<>, deep> && is_sub_schema_v<deep, deep>);
+static_assert(!is_sub_schema_v<schema<leaf<"deep">>, deep>);
+static_assert(!is_sub_schema_v<schema<node<"0", leaf<"scale">>>, deep>);
 }  // namespace schema_assertions

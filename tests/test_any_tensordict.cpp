@@ -52,7 +52,7 @@ TEST_CASE("AnyTensorDict: set creates sub-trees, get returns the stored tensor",
   CHECK_FALSE(td.contains("0", "bias"));
   CHECK(td.is_leaf({"0", "weight"}));
   CHECK_FALSE(td.is_leaf({"0"}));
-  CHECK(td.names() == std::vector<std::string>{"0"});
+  CHECK(td.level_keys() == std::vector<std::string>{"0"});
   CHECK(td.keys() == std::vector<any_key_path>{{"0", "weight"}});
 }
 
@@ -91,7 +91,7 @@ TEST_CASE("AnyTensorDict: a failed set changes nothing", "[any_tensordict]") {
   CHECK_THROWS_WITH(td.set("b", "c", at::zeros({4, 2})),
                     Contains("(\"b\", \"c\") is f32[4,2]") && Contains("batch size [3]"));
   CHECK_FALSE(td.contains("b"));
-  CHECK(td.names().size() == 1);
+  CHECK(td.level_keys().size() == 1);
   td.lock_();
   CHECK_THROWS_AS(td.set("b", "c", at::zeros({3})), lock_error);
   CHECK_FALSE(td.contains("b"));
@@ -106,7 +106,7 @@ TEST_CASE("AnyTensorDict: set of a sub-tree and erase", "[any_tensordict]") {
   CHECK(impl(td.get("4", "weight")) == impl(w));
   CHECK_FALSE(td.get_tensordict("4").is_same(layer));  // a new node holding the same tensors
   td.erase("0");
-  CHECK(td.names() == std::vector<std::string>{"2", "4"});
+  CHECK(td.level_keys() == std::vector<std::string>{"2", "4"});
   CHECK_THROWS_AS(td.erase("0"), key_error);
   AnyTensorDict batched({5});
   CHECK_THROWS_AS(td.set("5", batched), shape_error);
@@ -208,7 +208,7 @@ TEST_CASE("AnyTensorDict: index, unbind, expand, stack, cat", "[any_tensordict]"
 TEST_CASE("AnyTensorDict: flatten_keys and unflatten_keys keep the tensors", "[any_tensordict]") {
   auto td = make_mlp();
   auto flat = td.flatten_keys();
-  CHECK(flat.names() == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  CHECK(flat.level_keys() == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
   CHECK(impl(flat.get("0.weight")) == impl(td.get("0", "weight")));
   auto back = flat.unflatten_keys();
   CHECK(back.keys() == td.keys());

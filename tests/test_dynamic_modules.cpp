@@ -98,7 +98,7 @@ TEST_CASE("dynamic from_module: ModuleList, ModuleDict, AnyModule, a base-class 
         std::vector<any_key_path>{{"encoder", "weight"}, {"encoder", "bias"}, {"head", "weight"}, {"head", "bias"}});
 
   torch::nn::AnyModule any(torch::nn::Linear(2, 3));
-  CHECK(from_module(any).names() == std::vector<std::string>{"weight", "bias"});
+  CHECK(from_module(any).level_keys() == std::vector<std::string>{"weight", "bias"});
 
   Block block;
   auto params = from_module(static_cast<torch::nn::Module&>(*block));

@@ -89,7 +89,7 @@ bool refuses_cleanly(Load&& load) {
 TEST_CASE("load: a state_dict() (an OrderedDict, which torch::pickle_load rejects)", "[files]") {
   const std::string by = GENERATE(as<std::string>{}, "", "torch-2.6/");  // Python torch 1.13, 2.6
   auto sd = load(fixture(by + "state_dict.pt"));
-  CHECK(sd.names() == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  CHECK(sd.level_keys() == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
   CHECK(sd.get("0.weight").equal(value({4, 3}, 0.1)));
   CHECK(at::allclose(sd.get("0.bias"), value({4}, 0.2)));
   CHECK(at::allclose(sd.get("2.weight"), value({2, 4}, 0.1 * 3)));
@@ -169,7 +169,7 @@ TEST_CASE("load: a value that is not a tensor is named, or left out on request",
   CHECK_THROWS_WITH(load(fixture(by + "checkpoint.pt")), Contains("checkpoint.pt") && Contains("\"epoch\" holds a Python int") &&
                                                         Contains("skip_non_tensors"));
   auto td = load(fixture(by + "checkpoint.pt"), {.skip_non_tensors = true});
-  CHECK(td.names() == std::vector<std::string>{"model"});
+  CHECK(td.level_keys() == std::vector<std::string>{"model"});
   CHECK(td.get("model", "0.weight").equal(value({4, 3}, 0.1)));
 }
 
@@ -227,7 +227,7 @@ TEST_CASE("save: round trips, nested and flat", "[files]") {
   const std::string flat_path = temporary("flat.pt");
   save(td, flat_path, {.layout = file_layout::flat});
   auto flat = load(flat_path);
-  CHECK(flat.names() == std::vector<std::string>{"0.weight", "0.bias", "steps", "mask", "strided", "empty", "param"});
+  CHECK(flat.level_keys() == std::vector<std::string>{"0.weight", "0.bias", "steps", "mask", "strided", "empty", "param"});
   CHECK((flat.unflatten_keys() == td).all());
   std::remove(nested_path.c_str());
   std::remove(flat_path.c_str());
@@ -394,7 +394,7 @@ TEST_CASE("save: libtorch's writer lifts the 65535-storage limit (zip64)", "[fil
   auto back = load_from_string(bytes);
   REQUIRE(back.leaf_count() == count);
   CHECK(back.get({"t69999"}).item<float>() == 69999.0f);
-  CHECK(back.names()[12345] == "t12345");
+  CHECK(back.level_keys()[12345] == "t12345");
 }
 
 // ---- safetensors -----------------------------------------------------------------------------
@@ -540,7 +540,7 @@ TEST_CASE("memmap: directories Python tensordict 0.4 wrote load with their keys,
   const std::string dir = fixture("tensordict-v0.4-memmap/");
   auto mlp = load_memmap(dir + "mlp_params");
   CHECK(mlp.batch_size().empty());
-  CHECK(mlp.names() == std::vector<std::string>{"0", "1", "2"});
+  CHECK(mlp.level_keys() == std::vector<std::string>{"0", "1", "2"});
   CHECK(mlp.get_tensordict("1").empty());  // the ReLU's empty sub-TensorDict
   CHECK((mlp.flatten_keys() == load(dir + "mlp_params.expected.pt")).all());
   CHECK(mlp.get("0", "weight").sizes() == c10::IntArrayRef{4, 3});

@@ -460,3 +460,175 @@ TEMPLATE_TEST_CASE("element-wise verbs, arithmetic and reductions keep the keys"
   CHECK(padded.values()[0].narrow(0, 1, 2).narrow(1, 0, 3).equal(a));
   CHECK_THROWS_WITH(pad(td, {1, 0, 0}), Contains("is not (before, after) pairs"));
 }
+
+TEMPLATE_TEST_CASE("apply over several TensorDicts, named_apply, set_ and cat", "[tensordict]", TensorDict<verbs_schema>, AnyTensorDict) {
+  auto td = verbs_td<TestType>();
+  const at::Tensor a = td.values()[0], b = td.values()[1];
+  auto twice = td * 2;
+  auto three = td.apply([](const at::Tensor& x, const at::Tensor& y, const at::Tensor& z) { return x + y + z; }, td, twice);
+  CHECK(three.values()[0].equal(a * 4));
+  CHECK_THROWS_WITH(td.apply([](const at::Tensor& x, const at::Tensor& y) { return x + y; }, td.unsqueeze(0)),
+                    Contains("batch_size=[2,3] and batch_size=[1,2,3] differ"));
+
+  std::vector<std::string> seen;
+  auto named = td.named_apply([&](const auto& path, const at::Tensor& t) {
+    std::string joined;
+    for (const auto& part : path) joined += (joined.empty() ? "" : ".") + std::string(part);
+    seen.push_back(joined);
+    return t + 1;
+  });
+  CHECK(seen == std::vector<std::string>{"a", "n.b"});
+  CHECK(named.values()[1].equal(b + 1));
+
+  // set_ writes into the leaf itself; broadcasting is allowed, a wrong shape throws naming both.
+  auto copy = td.clone();
+  const at::Tensor leaf = copy.values()[0];
+  if constexpr (std::is_same_v<TestType, AnyTensorDict>) {
+    copy.lock_();
+    copy.set_({"a"}, at::ones({4}));
+    CHECK_THROWS_WITH(copy.set_({"a"}, at::ones({3})), Contains("cannot write f32[3] into the leaf, which is f32[2,3,4]"));
+    CHECK_THROWS_WITH(copy.set_({"x"}, at::ones({3})), Contains("no key \"x\""));
+  } else {
+    copy.lock_();
+    copy.template set_<"a">(at::ones({4}));
+    CHECK_THROWS_WITH(copy.template set_<"a">(at::ones({3})), Contains("(\"a\"): cannot write f32[3] into the leaf, which is f32[2,3,4]"));
+  }
+  CHECK(copy.values()[0].is_same(leaf));
+  CHECK(leaf.eq(1).all().template item<bool>());
+
+  auto joined = cat({td, td.index({idx::Slice(0, 1)})}, 0);
+  CHECK(joined.batch_size() == c10::IntArrayRef{3, 3});
+  CHECK(joined.values()[0].equal(at::cat({a, a.narrow(0, 0, 1)})));
+  CHECK(cat({td, td}, -1).values()[1].equal(at::cat({b, b}, 1)));
+  CHECK_THROWS_WITH(cat({td, td.unsqueeze(0)}, 0), Contains("has batch_size=[1,2,3]"));
+  CHECK_THROWS_WITH(cat({td, td.to(at::kDouble)}, 0), Contains("the leaf \"a\" is f32[2,3,4] in TensorDict 0 but f64[2,3,4] in TensorDict 1"));
+  CHECK_THROWS_AS(cat({td, td}, 2), index_error);
+}
+
+TEMPLATE_TEST_CASE("batch dim names follow the dims", "[tensordict]", TensorDict<verbs_schema>, AnyTensorDict) {
+  auto td = verbs_td<TestType>();
+  CHECK(tensordict::detail::format_names(td.names()) == "[None, None]");
+  td.refine_names({"time", std::nullopt});
+  CHECK(tensordict::detail::format_names(td.names()) == "[\"time\", None]");
+  td.refine_names({"time", "env"});
+  CHECK_THROWS_WITH(td.refine_names({"env", "time"}), Contains("batch dim 0 is named \"time\""));
+  CHECK(tensordict::detail::format_names(td.names()) == "[\"time\", \"env\"]");
+  CHECK(tensordict::detail::format_names(td.clone().names()) == "[\"time\", \"env\"]");
+  CHECK(tensordict::detail::format_names((td + 1).names()) == "[\"time\", \"env\"]");
+  CHECK(tensordict::detail::format_names(td.transpose(0, 1).names()) == "[\"env\", \"time\"]");
+  CHECK(tensordict::detail::format_names(td.permute({1, 0}).names()) == "[\"env\", \"time\"]");
+  CHECK(tensordict::detail::format_names(td.unsqueeze(1).names()) == "[\"time\", None, \"env\"]");
+  CHECK(tensordict::detail::format_names(td.unsqueeze(1).squeeze(1).names()) == "[\"time\", \"env\"]");
+  CHECK(tensordict::detail::format_names(td.sum(0).names()) == "[None]");  // a new batch shape: names are not guessed
+  auto renamed = td.rename({"a", "b"});
+  CHECK(tensordict::detail::format_names(renamed.names()) == "[\"a\", \"b\"]");
+  CHECK(renamed.values()[0].is_same(td.values()[0]));
+  CHECK(tensordict::detail::format_names(td.names()) == "[\"time\", \"env\"]");
+  td.rename_({std::nullopt, std::nullopt});
+  CHECK(tensordict::detail::format_names(td.names()) == "[None, None]");
+  CHECK_THROWS_WITH(td.rename_({"x"}), Contains("1 names [\"x\"] for the 2 batch dims of batch_size=[2,3]"));
+  CHECK_THROWS_WITH(td.rename_({"x", "x"}), Contains("the name \"x\" is given to two batch dims"));
+}
+
+TEMPLATE_TEST_CASE("keys and items with Python's flags", "[tensordict]", TensorDict<verbs_schema>, AnyTensorDict) {
+  auto td = verbs_td<TestType>();
+  using P = any_key_path;
+  CHECK(td.keys(false) == std::vector<P>{{"a"}, {"n"}});
+  CHECK(td.keys(false, true) == std::vector<P>{{"a"}});
+  CHECK(td.keys(true) == std::vector<P>{{"a"}, {"n"}, {"n", "b"}});
+  CHECK(td.keys(true, true) == std::vector<P>{{"a"}, {"n", "b"}});
+  auto items = td.items(true);
+  REQUIRE(items.size() == 3);
+  CHECK(std::get<at::Tensor>(items[0].second).is_same(td.values()[0]));
+  CHECK(std::get<AnyTensorDict>(items[1].second).get("b").is_same(td.values()[1]));
+  CHECK(std::get<at::Tensor>(items[2].second).is_same(td.values()[1]));
+}
+
+TEST_CASE("make builds a typed TensorDict by key, in any order", "[tensordict]") {
+  const at::Tensor w = at::randn({4, 3}), bias = at::randn({4}), w2 = at::randn({1, 4});
+  auto td = make<mlp>(kv<"2", "weight">(w2), kv<"0", "weight">(w), kv<"0", "bias">(bias));
+  CHECK(impl(td.get<"0", "weight">()) == impl(w));
+  CHECK(impl(td.get<"2", "weight">()) == impl(w2));
+  CHECK_FALSE(td.is_set(leaf_index_v<mlp, "2", "bias">));
+  auto batched = make<linear>({5}, kv<"weight">(at::zeros({5, 2})));
+  CHECK(batched.batch_size() == c10::IntArrayRef{5});
+  CHECK_THROWS_WITH(make<linear>({5}, kv<"bias">(at::zeros({4}))), Contains("the leaf \"bias\" is f32[4], but its leading dims must be the batch size [5]"));
+  auto with_sub = make<mlp>(kv<"0">(make<linear>(kv<"bias">(bias))));
+  CHECK(impl(with_sub.get<"0", "bias">()) == impl(bias));
+
+  const AnyTensorDict any({{"a", at::zeros({4})}, {{"b", "c"}, at::ones({4, 2})}}, {4});
+  CHECK(any.keys() == std::vector<any_key_path>{{"a"}, {"b", "c"}});
+  CHECK(any.batch_size() == c10::IntArrayRef{4});
+  CHECK_THROWS_WITH((AnyTensorDict({{"a", at::zeros({4})}, {"a", at::zeros({4})}})), Contains("the key \"a\" is given twice"));
+  CHECK_THROWS_WITH((AnyTensorDict({{"a", at::zeros({3})}}, {4})), Contains("\"a\" is f32[3], but its leading dims must be the batch size [4]"));
+}
+
+TEST_CASE("select, exclude and rename_key give the sub-schema over the same tensors", "[tensordict]") {
+  using three = schema<field<"0", linear>, leaf<"scale">, field<"2", linear>>;
+  TensorDict<three> td({at::randn({4, 3}), at::randn({4}), at::ones({2}), at::randn({1, 4}), at::randn({1})}, {}, std::nullopt);
+  auto picked = td.select<"2", "scale">();
+  static_assert(std::is_same_v<decltype(picked), TensorDict<schema<field<"2", linear>, leaf<"scale">>>>);
+  CHECK(impl(picked.get<"2", "bias">()) == impl(td.get<"2", "bias">()));
+  CHECK(impl(picked.get<"scale">()) == impl(td.get<"scale">()));
+  auto rest = td.exclude<"scale">();
+  static_assert(std::is_same_v<decltype(rest), TensorDict<mlp>>);
+  CHECK(impl(rest.get<"2", "weight">()) == impl(td.get<"2", "weight">()));
+  auto renamed = td.rename_key<"scale", "gain">();
+  CHECK(impl(renamed.get<"gain">()) == impl(td.get<"scale">()));
+  CHECK(renamed.keys().size() == 5);
+
+  // update replaces the leaves the other sets; update_ writes into them.
+  auto target = td.clone();
+  TensorDict<schema<field<"2", schema<leaf<"bias">>>>> part({at::full({1}, 5.0)});
+  const at::Tensor old_bias = target.get<"2", "bias">();
+  target.update(part);
+  CHECK(impl(target.get<"2", "bias">()) == impl(part.get<"2", "bias">()));
+  target.set<"2", "bias">(old_bias);
+  target.update_(part);
+  CHECK(impl(target.get<"2", "bias">()) == impl(old_bias));
+  CHECK(old_bias.item<float>() == 5.0f);
+  target.lock_();
+  CHECK_THROWS_AS(target.update(part), lock_error);
+  target.update_(part);  // in place is allowed when locked
+  TensorDict<schema<field<"2", schema<leaf<"bias">>>>> wrong({at::ones({3})});
+  target.unlock_();
+  CHECK_THROWS_WITH(target.update_(wrong), Contains("update_((\"2\", \"bias\")): cannot write f32[3] into the leaf, which is f32[1]"));
+  TensorDict<schema<field<"2", schema<leaf<"bias">>>>> batched({at::ones({1})}, {});
+  auto b2 = td.unsqueeze(0).expand({2});
+  CHECK_THROWS_WITH(b2.update(part), Contains("its leading dims must be the batch size [2]"));
+  CHECK(impl(b2.get<"2", "bias">()) != impl(part.get<"2", "bias">()));
+}
+
+TEST_CASE("the run-time select, exclude, rename_key_ and update", "[tensordict]") {
+  AnyTensorDict td({{"a", at::zeros({2})}, {{"n", "b"}, at::ones({2, 3})}, {{"n", "c"}, at::ones({2})}}, {2});
+  auto picked = td.select({{"n", "b"}, {"a"}});
+  CHECK(picked.keys() == std::vector<any_key_path>{{"n", "b"}, {"a"}});
+  CHECK(picked.get("n", "b").is_same(td.get("n", "b")));
+  CHECK_THROWS_WITH(td.select({{"x"}}), Contains("no key \"x\" at the top level"));
+  CHECK(td.select({{"x"}, {"a"}}, false).keys() == std::vector<any_key_path>{{"a"}});
+  auto rest = td.exclude({{"n", "b"}, {"missing"}});
+  CHECK(rest.keys() == std::vector<any_key_path>{{"a"}, {"n", "c"}});
+  CHECK(td.keys().size() == 3);
+
+  td.rename_key_({"n", "b"}, {"m", "d"});
+  CHECK(td.keys() == std::vector<any_key_path>{{"a"}, {"n", "c"}, {"m", "d"}});
+  td.rename_key_({"n"}, {"k"});
+  CHECK(td.get_tensordict("k").get("c").sizes() == c10::IntArrayRef{2});
+  CHECK_THROWS_WITH(td.rename_key_({"a"}, {"k"}, true), Contains("the new key exists"));
+  td.lock_();
+  CHECK_THROWS_AS(td.rename_key_({"a"}, {"z"}), lock_error);
+  td.unlock_();
+
+  AnyTensorDict other({{"a", at::full({2}, 3.0)}, {{"new", "x"}, at::ones({2})}}, {2});
+  const at::Tensor a = td.get("a");
+  td.update(other);
+  CHECK(td.get("a").is_same(other.get("a")));
+  CHECK(td.get("new", "x").is_same(other.get("new", "x")));
+  td.set("a", a);
+  AnyTensorDict only_a({{"a", at::full({2}, 4.0)}}, {2});
+  td.update_(only_a);
+  CHECK(td.get("a").is_same(a));
+  CHECK(a.eq(4).all().item<bool>());
+  CHECK_THROWS_WITH(td.update_(AnyTensorDict({{"zz", at::ones({2})}}, {2})), Contains("no key \"zz\""));
+  CHECK_THROWS_WITH(td.update(AnyTensorDict({{{"a", "x"}, at::ones({2})}}, {2})), Contains("update((\"a\", \"x\")): \"a\" holds a tensor"));
+}

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <ATen/TensorIndexing.h>
@@ -45,9 +46,6 @@
 namespace tensordict {
 
 class AnyTensorDict;
-
-// A run-time key path: ("0", "weight") is {"0", "weight"}.
-using any_key_path = std::vector<std::string>;
 
 // Python's spelling, as the typed API prints paths: "weight" or ("0", "weight").
 inline std::string to_string(c10::ArrayRef<std::string> path) {
@@ -159,6 +157,7 @@ namespace detail {
 struct any_root {
   std::vector<std::int64_t> batch_size;
   std::optional<at::Device> device;
+  batch_names names = {};  // empty: no dim is named
 };
 
 template <>
@@ -184,15 +183,37 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   using ops::operator!=;
   explicit AnyTensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt)
       : root_(std::make_shared<detail::any_root>(
-            detail::any_root{std::vector<std::int64_t>(batch_size.begin(), batch_size.end()), device})),
+            detail::any_root{std::vector<std::int64_t>(batch_size.begin(), batch_size.end()), device, {}})),
         node_(std::make_shared<detail::any_node>()) {}
   explicit AnyTensorDict(std::initializer_list<std::int64_t> batch_size, std::optional<at::Device> device = std::nullopt)
       : AnyTensorDict(c10::IntArrayRef(batch_size.begin(), batch_size.size()), device) {}
+
+  // Python's TensorDict({"a": t, ("b", "c"): u}, batch_size=[4]):
+  //   AnyTensorDict({{"a", t}, {{"b", "c"}, u}}, {4})
+  // sub-trees are created on the way; a key path given twice throws key_error.
+  struct entry {
+    any_key_path path;
+    at::Tensor value;
+    template <class Key>
+      requires std::is_convertible_v<const Key&, std::string_view>
+    entry(const Key& key, at::Tensor v) : path{std::string(std::string_view(key))}, value(std::move(v)) {}
+    entry(any_key_path p, at::Tensor v) : path(std::move(p)), value(std::move(v)) {}
+  };
+  AnyTensorDict(std::initializer_list<entry> entries, c10::IntArrayRef batch_size = {},
+                std::optional<at::Device> device = std::nullopt)
+      : AnyTensorDict(batch_size, device) {
+    for (const entry& e : entries) {
+      if (e.path.empty()) throw key_error("AnyTensorDict: an entry has an empty key path");
+      if (!e.value.defined()) throw value_error("AnyTensorDict: the tensor for " + to_string(e.path) + " is undefined");
+      insert_leaf(e.path, checked_leaf(e.value, e.path, "AnyTensorDict"));
+    }
+  }
 
   // Every set leaf of a typed TensorDict, under the same key paths, the same tensors.
   template <schema_type S>
   AnyTensorDict(const TensorDict<S>& typed) : AnyTensorDict(typed.batch_size(), typed.device()) {
     for (const auto& [path, tensor] : typed.items()) insert_leaf(any_key_path(path.begin(), path.end()), tensor);
+    root_->names = detail::checked_names(typed.names(), typed.batch_size(), "names");
     if (typed.is_locked()) lock_();
   }
 
@@ -203,7 +224,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   const std::optional<at::Device>& device() const { return root_->device; }
 
   // The keys of this level, in insertion order.
-  const std::vector<std::string>& names() const { return node_->names; }
+  const std::vector<std::string>& level_keys() const { return node_->names; }
   bool empty() const { return node_->names.empty(); }
 
   // Key paths of every leaf, depth first, in insertion order.
@@ -222,6 +243,24 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     for_each_leaf([&](const any_key_path& p, const at::Tensor& t) { out.emplace_back(p, t); });
     return out;
   }
+  // Python's keys(include_nested, leaves_only) and items(...): the keys of this
+  // level (sub-trees included) unless include_nested, sub-trees left out when
+  // leaves_only; a sub-tree comes before its keys.
+  using item = std::variant<at::Tensor, AnyTensorDict>;
+  std::vector<any_key_path> keys(bool include_nested, bool leaves_only = false) const {
+    std::vector<any_key_path> out;
+    walk(include_nested, leaves_only, [&](const any_key_path& p, const detail::any_node&, std::size_t) { out.push_back(p); });
+    return out;
+  }
+  std::vector<std::pair<any_key_path, item>> items(bool include_nested, bool leaves_only = false) const {
+    std::vector<std::pair<any_key_path, item>> out;
+    walk(include_nested, leaves_only, [&](const any_key_path& p, const detail::any_node& node, std::size_t i) {
+      if (node.is_leaf(i)) out.emplace_back(p, item(std::in_place_index<0>, node.tensors[i]));
+      else out.emplace_back(p, item(std::in_place_index<1>, AnyTensorDict(root_, node.children[i])));
+    });
+    return out;
+  }
+
   std::size_t leaf_count() const {
     std::size_t n = 0;
     for_each_leaf([&](const any_key_path&, const at::Tensor&) { ++n; });
@@ -285,6 +324,103 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     return *this;
   }
 
+  // Writes value into the leaf at path in place (it keeps its identity); also
+  // on a locked TensorDict. value must broadcast to the leaf's shape.
+  AnyTensorDict& set_(c10::ArrayRef<std::string> path, const at::Tensor& value) {
+    const at::Tensor& leaf = get(path);
+    detail::check_copy(leaf, value, "AnyTensorDict.set_", to_string(path));
+    at::Tensor(leaf).copy_(value);
+    return *this;
+  }
+
+  // ---- sub-trees: select, exclude, rename_key_, update ----------------------------
+
+  // A new TensorDict of the given keys (paths may be nested), over the same
+  // tensors; a missing key throws key_error unless strict is false.
+  AnyTensorDict select(const std::vector<any_key_path>& paths, bool strict = true) const {
+    AnyTensorDict out(batch_size(), device());
+    out.root_->names = root_->names;
+    for (const auto& path : paths) {
+      if (!strict && !contains(path)) continue;
+      auto at = resolve(path, "AnyTensorDict.select");
+      out.put_entry(path, *at.node, at.index, "AnyTensorDict.select");
+    }
+    return out;
+  }
+  // A new TensorDict without the given keys, over the same tensors; missing keys are ignored, as in Python.
+  AnyTensorDict exclude(const std::vector<any_key_path>& paths) const {
+    AnyTensorDict out(batch_size(), device());
+    out.root_->names = root_->names;
+    out.node_ = copy_node(*node_);
+    for (const auto& path : paths)
+      if (out.contains(path)) out.erase(path);
+    return out;
+  }
+  // Moves the entry at `from` (a leaf or a sub-tree) to `to`, creating sub-trees
+  // on the way. An existing `to` is replaced unless safe is true (then key_error).
+  AnyTensorDict& rename_key_(c10::ArrayRef<std::string> from, c10::ArrayRef<std::string> to, bool safe = false) {
+    auto at = resolve(from, "AnyTensorDict.rename_key_");
+    check_unlocked(*at.node, from, "AnyTensorDict.rename_key_");
+    if (from.equals(to)) return *this;
+    if (to.size() > from.size() && to.slice(0, from.size()).equals(from))
+      throw key_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): the new key is inside the old one");
+    if (safe && contains(to))
+      throw key_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): the new key exists (safe=true)");
+    at::Tensor tensor = at.node->tensors[at.index];
+    std::shared_ptr<detail::any_node> child = at.node->children[at.index];
+    detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
+    at.node->erase_at(at.index);
+    target.put(to.back(), std::move(tensor), std::move(child));
+    return *this;
+  }
+
+  // Sets every leaf of other at its key path (creating sub-trees), as Python's
+  // update. Every leaf is checked before the first is set.
+  AnyTensorDict& update(const AnyTensorDict& other) {
+    std::vector<std::pair<any_key_path, at::Tensor>> incoming;
+    other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      incoming.emplace_back(path, checked_leaf(t, path, "AnyTensorDict.update"));
+      auto at = locate(path);
+      if (at.node && !at.node->is_leaf(at.index))
+        throw key_error("AnyTensorDict.update: " + to_string(path) + " is a sub-tree here and a tensor in other");
+      check_writable_path(path, "AnyTensorDict.update");
+    });
+    for (auto& [path, t] : incoming) parent_for_write(path, "AnyTensorDict.update").put(path.back(), std::move(t), nullptr);
+    return *this;
+  }
+  // Writes other's leaves into this TensorDict's tensors in place (every key
+  // of other must be a leaf here); works when locked. Checked before writing.
+  AnyTensorDict& update_(const AnyTensorDict& other) {
+    std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+    other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      auto at = resolve(path, "AnyTensorDict.update_");
+      if (!at.node->is_leaf(at.index))
+        throw key_error("AnyTensorDict.update_: " + to_string(path) + " is a sub-tree here and a tensor in other");
+      detail::check_copy(at.node->tensors[at.index], t, "AnyTensorDict.update_", to_string(path));
+      pairs.emplace_back(at.node->tensors[at.index], t);
+    });
+    for (auto& [mine, theirs] : pairs) mine.copy_(theirs);
+    return *this;
+  }
+
+  // ---- batch dim names ------------------------------------------------------------------
+
+  // Python's td.names: one name per batch dim, std::nullopt where a dim has none.
+  batch_names names() const { return detail::names_or_none(root_->names, batch_dims()); }
+  AnyTensorDict& refine_names(const batch_names& names) {
+    root_->names = detail::refined_names(root_->names, names, batch_size(), "refine_names");
+    return *this;
+  }
+  AnyTensorDict rename(const batch_names& names) const {
+    AnyTensorDict out = apply([](const at::Tensor& t) { return t; });
+    out.root_->names = detail::checked_names(names, batch_size(), "rename");
+    return out;
+  }
+  AnyTensorDict& rename_(const batch_names& names) {
+    root_->names = detail::checked_names(names, batch_size(), "rename_");
+    return *this;
+  }
+
   // Removes a key (a leaf or a whole sub-tree), as Python's del_.
   AnyTensorDict& erase(c10::ArrayRef<std::string> path) {
     auto at = resolve(path, "AnyTensorDict.erase");
@@ -336,8 +472,43 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   template <class F>
   AnyTensorDict apply(F&& f, c10::IntArrayRef new_batch_size, std::optional<at::Device> new_device) const {
     AnyTensorDict out(new_batch_size, new_device);
+    if (new_batch_size.equals(batch_size())) out.root_->names = root_->names;
     any_key_path path;
     out.node_ = map_node(*node_, out, f, path);
+    return out;
+  }
+
+  // f(leaf, the leaf at the same key path of each other TensorDict), as
+  // Python's apply(fn, *others): every other needs this batch size and every key.
+  template <class F, class... Others>
+    requires(sizeof...(Others) > 0 && (std::is_same_v<Others, AnyTensorDict> && ...))
+  AnyTensorDict apply(F&& f, const Others&... others) const {
+    for (const AnyTensorDict* o : {&others...})
+      if (!o->batch_size().equals(batch_size()))
+        throw shape_error("TensorDict.apply: batch_size=" + format_sizes(batch_size()) + " and batch_size=" +
+                          format_sizes(o->batch_size()) + " differ");
+    AnyTensorDict out(batch_size(), device());
+    out.root_->names = root_->names;
+    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      auto other_leaf = [&](const AnyTensorDict& o) -> const at::Tensor& {
+        auto at = o.locate(path);
+        if (!at.node || !at.node->is_leaf(at.index))
+          throw key_error("TensorDict.apply: the leaf " + to_string(path) + " is not in every TensorDict");
+        return at.node->tensors[at.index];
+      };
+      out.insert_leaf(path, out.checked_leaf(f(t, other_leaf(others)...), path, "TensorDict.apply"));
+    });
+    return out;
+  }
+
+  // f(key path, leaf) at every leaf, as Python's named_apply; f may return an undefined tensor to leave a leaf out.
+  template <class F>
+  AnyTensorDict named_apply(F&& f) const {
+    AnyTensorDict out(batch_size(), device());
+    out.root_->names = root_->names;
+    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      if (at::Tensor r = f(path, t); r.defined()) out.insert_leaf(path, out.checked_leaf(std::move(r), path, "TensorDict.named_apply"));
+    });
     return out;
   }
 
@@ -516,6 +687,42 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     check_unlocked(*node, path, op);
     for (; k + 1 < path.size(); ++k) node = &node->add_child(path[k]);
     return *node;
+  }
+
+  // The node that would hold path.back() is not locked (nodes still to be created are not).
+  void check_writable_path(c10::ArrayRef<std::string> path, const char* op) const {
+    const detail::any_node* node = node_.get();
+    for (std::size_t k = 0; k + 1 < path.size(); ++k) {
+      const std::size_t i = node->find(path[k]);
+      if (i == npos) break;
+      if (node->is_leaf(i))
+        throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) + " holds a tensor");
+      node = node->children[i].get();
+    }
+    check_unlocked(*node, path, op);
+  }
+
+  // Calls f(path, node, index) for the entries keys(include_nested, leaves_only) lists.
+  template <class F>
+  void walk(bool include_nested, bool leaves_only, F&& f) const {
+    any_key_path path;
+    auto level = [&](auto& self, const detail::any_node& node) -> void {
+      for (std::size_t i = 0; i < node.size(); ++i) {
+        path.push_back(node.names[i]);
+        if (node.is_leaf(i) || !leaves_only) f(std::as_const(path), node, i);
+        if (!node.is_leaf(i) && include_nested) self(self, *node.children[i]);
+        path.pop_back();
+      }
+    };
+    level(level, *node_);
+  }
+
+  // Puts a copy of entry `index` of `from` (a leaf, or a sub-tree with the same tensors) at path.
+  void put_entry(c10::ArrayRef<std::string> path, const detail::any_node& from, std::size_t index, const char* op) {
+    detail::any_node& target = parent_for_write(path, op);
+    if (target.find(path.back()) != npos) throw key_error(std::string(op) + ": the key " + to_string(path) + " is given twice");
+    if (from.is_leaf(index)) target.add_leaf(path.back(), from.tensors[index]);
+    else target.add_child(path.back(), copy_node(*from.children[index]));
   }
 
   static void check_unlocked(const detail::any_node& node, c10::ArrayRef<std::string> path, const char* op) {
@@ -697,7 +904,7 @@ namespace detail {
 inline AnyTensorDict unflatten_if_flat(const AnyTensorDict& td) {
   bool flat = !td.empty();
   bool dotted = false;
-  for (const auto& name : td.names()) {
+  for (const auto& name : td.level_keys()) {
     flat = flat && td.is_leaf({name});
     dotted = dotted || name.find('.') != std::string::npos;
   }
@@ -760,35 +967,11 @@ inline AnyTensorDict stack(std::initializer_list<AnyTensorDict> tds, std::int64_
 
 // Concatenates TensorDicts with the same keys along an existing batch dim.
 inline AnyTensorDict cat(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0) {
-  if (tds.empty()) throw shape_error("tensordict::cat: needs at least one TensorDict");
-  const auto nb = static_cast<std::int64_t>(tds[0].batch_dims());
-  if (dim < -nb || dim >= nb)
-    throw index_error("tensordict::cat: dim " + std::to_string(dim) + " is out of range for batch_size=" +
-                      format_sizes(tds[0].batch_size()));
-  if (dim < 0) dim += nb;
-  std::vector<std::int64_t> batch(tds[0].batch_size().begin(), tds[0].batch_size().end());
-  batch[dim] = 0;
-  for (std::size_t k = 0; k < tds.size(); ++k) {
-    auto b = tds[k].batch_size();
-    bool same_rest = b.size() == batch.size();
-    for (std::size_t d = 0; same_rest && d < b.size(); ++d) same_rest = d == static_cast<std::size_t>(dim) || b[d] == batch[d];
-    if (!same_rest)
-      throw shape_error("tensordict::cat: TensorDict 0 has batch_size=" + format_sizes(tds[0].batch_size()) +
-                        " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(b));
-    batch[dim] += b[dim];
-  }
-  return detail::join_tensordicts(
-      tds, "tensordict::cat", batch, [&](const any_key_path& path, const std::vector<at::Tensor>& parts) {
-        for (std::size_t k = 1; k < parts.size(); ++k) {
-          bool fits = parts[k].dim() == parts[0].dim();
-          for (std::int64_t d = 0; fits && d < parts[0].dim(); ++d) fits = d == dim || parts[k].size(d) == parts[0].size(d);
-          if (!fits)
-            throw shape_error("tensordict::cat: the leaf " + to_string(path) + " is " + describe(parts[0]) +
-                              " in TensorDict 0 but " + describe(parts[k]) + " in TensorDict " + std::to_string(k) +
-                              "; only batch dim " + std::to_string(dim) + " may differ");
-        }
-        return at::cat(parts, dim);
-      });
+  const std::vector<std::int64_t> batch = detail::cat_batch_size(tds, dim);
+  return detail::join_tensordicts(tds, "tensordict::cat", batch,
+                                  [&](const any_key_path& path, const std::vector<at::Tensor>& parts) {
+                                    return detail::cat_leaf(parts, dim, to_string(path));
+                                  });
 }
 inline AnyTensorDict cat(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
   return cat(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);

@@ -79,7 +79,7 @@ class ivalue_builder {
  private:
   c10::IValue dict_of(const AnyTensorDict& td, any_key_path& path) {
     c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
-    for (const std::string& name : td.names()) {
+    for (const std::string& name : td.level_keys()) {
       path.push_back(name);
       if (td.is_leaf({name}))
         dict.insert(name, tensor_of(td.get({name}), path));

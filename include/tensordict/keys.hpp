@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <boost/hana/string.hpp>
 
@@ -143,6 +144,9 @@ inline std::string format_key_path(const std::string_view* parts, std::size_t si
   }
   return out + ")";
 }
+
+// A run-time key path, as AnyTensorDict takes them: ("0", "weight") is {"0", "weight"}.
+using any_key_path = std::vector<std::string>;
 
 // A key path as a type: `key_path_t<"0", "weight">`.
 template <key... Keys>

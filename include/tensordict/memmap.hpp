@@ -81,7 +81,7 @@ inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::pa
                               const nlohmann::ordered_json& batch, const nlohmann::ordered_json& device) {
   std::filesystem::create_directory(dir);
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-  for (const std::string& name : td.names()) {
+  for (const std::string& name : td.level_keys()) {
     path.push_back(name);
     if (!memmap::usable_key(name) || memmap::reserved_key(name))
       throw file_error(to_string(path) + ": a memmap directory cannot hold this key (it must be usable as a file name, and "

@@ -83,7 +83,7 @@ struct indexer<std::index_sequence<I...>, Ts...> : indexed<I, Ts>... {};
 template <std::size_t I, class T>
 indexed<I, T> select(indexed<I, T>);
 template <std::size_t I, class... Ts>
-using pack_at = typename decltype(select<I>(indexer<std::index_sequence_for<Ts...>, Ts...>{}))::type;
+using pack_at = typename decltype(detail::select<I>(indexer<std::index_sequence_for<Ts...>, Ts...>{}))::type;
 
 template <std::size_t N>
 constexpr std::array<std::size_t, N> exclusive_prefix_sum(std::array<std::size_t, N> v, std::size_t start) {
@@ -187,6 +187,27 @@ struct key_is_both_a_leaf_and_a_prefix {
                 "tensordict: unflatten_keys cannot build a tree: the key named above is a leaf "
                 "and also the prefix of other keys.");
   using type = field<Key, tensor_leaf>;  // lets the compiler go on without a second error
+};
+
+template <key Old, key New>
+struct rename_onto_an_existing_key {
+  static_assert(always_false<available_keys<Old, New>>,
+                "tensordict: rename_key<old, new>() would give two fields the same key: the schema already has "
+                "the second key named in 'rename_onto_an_existing_key<...>' above. exclude<...>() that field "
+                "first, or choose another name.");
+};
+
+template <key Key>
+struct leaf_against_a_sub_tree {
+  static_assert(always_false<available_keys<Key>>,
+                "tensordict: update(other): the key named in 'leaf_against_a_sub_tree<...>' above holds a tensor "
+                "on one side and a sub-tree on the other, so other's schema is not a part of this one's.");
+};
+
+template <key Key>
+struct key_given_twice {
+  static_assert(always_false<available_keys<Key>>,
+                "tensordict: the key named in 'key_given_twice<...>' above is given twice. Name each key once.");
 };
 
 template <class Error>
@@ -588,5 +609,194 @@ struct duplicate_check<schema<Fields...>> {
   static constexpr std::size_t first_failed = detail::first_true_or_zero(failed);
   using error = detail::pack_at<first_failed, own, typename duplicate_check<typename Fields::type>::error...>;
 };
+
+// ---- schema algebra: select, exclude, rename, sub-schemas -------------------
+//
+// Each result is a schema and a map from its leaves to the leaves of S, so a
+// TensorDict of the result holds the same tensors. Every key is a top-level
+// key of S; an unknown one is a compile error naming it and the keys there.
+
+namespace detail {
+
+template <key K>
+struct key_constant {
+  static constexpr auto value = K;
+};
+
+template <class S, std::size_t Field>
+constexpr std::size_t field_leaf_count() {
+  return (Field + 1 < S::field_count ? S::leaf_offsets[Field + 1] : S::leaf_count) - S::leaf_offsets[Field];
+}
+
+// The fields of S at `kept` (indices of S's fields, in the result's order),
+// and for each leaf of the result the leaf of S it is.
+template <class S, auto Kept, class Indices = std::make_index_sequence<Kept.size()>>
+struct field_subset;
+template <class S, auto Kept, std::size_t... I>
+struct field_subset<S, Kept, std::index_sequence<I...>> {
+  using type = schema<typename S::template field_at<Kept[I]>...>;
+  static constexpr std::array<std::size_t, type::leaf_count> build() {
+    std::array<std::size_t, type::leaf_count> out{};
+    std::size_t n = 0;
+    for (std::size_t k : Kept)
+      for (std::size_t l = 0; l < (k + 1 < S::field_count ? S::leaf_offsets[k + 1] : S::leaf_count) - S::leaf_offsets[k]; ++l)
+        out[n++] = S::leaf_offsets[k] + l;
+    return out;
+  }
+  static constexpr std::array<std::size_t, type::leaf_count> leaves = build();
+};
+
+// The first key of Keys that S lacks or that appears twice, as the error to report, or void.
+template <class S, key... Keys>
+struct key_list_error {
+  static constexpr std::array<std::string_view, sizeof...(Keys)> names{Keys.view()...};
+  static constexpr std::array<bool, sizeof...(Keys) + 1> missing{false, (S::find(Keys) == npos)...};
+  static constexpr std::size_t first_missing = first_true_or_zero(missing);
+  static constexpr std::size_t duplicate = first_duplicate(names);
+  static auto pick() {
+    if constexpr (first_missing != 0)
+      return std::type_identity<
+          compile_error::unknown_key<pack_at<first_missing - 1, key_constant<Keys>...>::value, typename S::keys>>{};
+    else if constexpr (duplicate != npos)
+      return std::type_identity<compile_error::key_given_twice<pack_at<duplicate, key_constant<Keys>...>::value>>{};
+    else
+      return std::type_identity<void>{};
+  }
+  using type = typename decltype(pick())::type;
+};
+
+template <class S, key... Keys>
+constexpr std::array<std::size_t, sizeof...(Keys)> selected_fields() {
+  return {S::find(Keys)...};
+}
+
+template <class S, key... Keys>
+constexpr auto excluded_fields() {
+  constexpr std::array<std::size_t, sizeof...(Keys)> dropped{S::find(Keys)...};
+  constexpr std::size_t n = [&] {
+    std::size_t k = 0;
+    for (std::size_t f = 0; f < S::field_count; ++f) k += std::find(dropped.begin(), dropped.end(), f) == dropped.end();
+    return k;
+  }();
+  std::array<std::size_t, n> out{};
+  std::size_t k = 0;
+  for (std::size_t f = 0; f < S::field_count; ++f)
+    if (std::find(dropped.begin(), dropped.end(), f) == dropped.end()) out[k++] = f;
+  return out;
+}
+
+template <class S, key... Keys>
+struct select_impl : field_subset<S, selected_fields<S, Keys...>()> {};
+template <class S, key... Keys>
+struct exclude_impl : field_subset<S, excluded_fields<S, Keys...>()> {};
+
+template <class Field, key Old, key New>
+struct renamed_field {
+  using type = Field;
+};
+template <key Old, class T, key New>
+struct renamed_field<field<Old, T>, Old, New> {
+  using type = field<New, T>;
+};
+template <class S, key Old, key New>
+struct rename_impl;
+template <class... Fields, key Old, key New>
+struct rename_impl<schema<Fields...>, Old, New> {
+  using type = schema<typename renamed_field<Fields, Old, New>::type...>;
+};
+
+template <class S, key Old, key New>
+struct rename_error {
+  static auto pick() {
+    if constexpr (S::find(Old) == npos)
+      return std::type_identity<compile_error::unknown_key<Old, typename S::keys>>{};
+    else if constexpr (S::find(New) != npos && !(Old == New))
+      return std::type_identity<compile_error::rename_onto_an_existing_key<Old, New>>{};
+    else
+      return std::type_identity<void>{};
+  }
+  using type = typename decltype(pick())::type;
+};
+
+// Where each leaf of O sits among the leaves of T, when O's key tree is a part
+// of T's; otherwise the error that names the first key that is not.
+template <class O, class T>
+struct embedding;
+
+template <>
+struct embedding<tensor_leaf, tensor_leaf> {
+  using error = void;
+  static constexpr std::array<std::size_t, 1> leaves{0};
+};
+
+template <class F, class T>
+struct embedded_field {
+  static constexpr std::size_t index = T::find(F::name);
+  static auto pick_sub() {
+    if constexpr (index == npos) {
+      return std::type_identity<void>{};
+    } else {
+      using mine = typename F::type;
+      using theirs = typename T::template field_at<index>::type;
+      if constexpr (std::is_same_v<mine, tensor_leaf> != std::is_same_v<theirs, tensor_leaf>)
+        return std::type_identity<void>{};
+      else
+        return std::type_identity<embedding<mine, theirs>>{};
+    }
+  }
+  using sub = typename decltype(pick_sub())::type;  // void when this level fails
+  static auto pick_error() {
+    if constexpr (index == npos)
+      return std::type_identity<compile_error::unknown_key<F::name, typename T::keys>>{};
+    else if constexpr (std::is_void_v<sub>)
+      return std::type_identity<compile_error::leaf_against_a_sub_tree<F::name>>{};
+    else
+      return std::type_identity<typename sub::error>{};
+  }
+  using error = typename decltype(pick_error())::type;
+};
+
+template <class... Fields, class T>
+struct embedding<schema<Fields...>, T> {
+  static constexpr std::array<bool, sizeof...(Fields) + 1> failed{
+      false, !std::is_void_v<typename embedded_field<Fields, T>::error>...};
+  static constexpr std::size_t first_failed = first_true_or_zero(failed);
+  using error = pack_at<first_failed, void, typename embedded_field<Fields, T>::error...>;
+
+  static constexpr auto build() {
+    std::array<std::size_t, schema<Fields...>::leaf_count> out{};
+    if constexpr (std::is_void_v<error>) {
+      std::size_t n = 0;
+      [[maybe_unused]] auto add = [&]<class F>(std::type_identity<F>) {
+        for (std::size_t l : embedded_field<F, T>::sub::leaves) out[n++] = T::leaf_offsets[embedded_field<F, T>::index] + l;
+      };
+      (add(std::type_identity<Fields>{}), ...);
+    }
+    return out;
+  }
+  static constexpr auto leaves = build();
+};
+
+}  // namespace detail
+
+// The schema of the top-level fields Keys of S, in the order given.
+template <schema_type S, key... Keys>
+  requires std::is_void_v<typename detail::key_list_error<S, Keys...>::type>
+using select_t = typename detail::select_impl<S, Keys...>::type;
+
+// The schema of S without the top-level fields Keys.
+template <schema_type S, key... Keys>
+  requires std::is_void_v<typename detail::key_list_error<S, Keys...>::type>
+using exclude_t = typename detail::exclude_impl<S, Keys...>::type;
+
+// S with its top-level field Old named New.
+template <schema_type S, key Old, key New>
+  requires std::is_void_v<typename detail::rename_error<S, Old, New>::type>
+using rename_t = typename detail::rename_impl<S, Old, New>::type;
+
+// True when every key path of Part is in S, leaves against leaves: a
+// TensorDict<Part> can update a TensorDict<S>.
+template <schema_type Part, schema_type S>
+inline constexpr bool is_sub_schema_v = std::is_void_v<typename detail::embedding<Part, S>::error>;
 
 }  // namespace tensordict

@@ -26,6 +26,7 @@
 
 #include <ATen/TensorIndexing.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 
@@ -39,6 +40,7 @@ namespace tensordict {
 
 template <schema_type S>
 class TensorDict;
+class AnyTensorDict;
 
 namespace detail {
 
@@ -47,6 +49,7 @@ struct storage {
   std::vector<at::Tensor> leaves;
   std::vector<std::int64_t> batch_size;
   std::optional<at::Device> device;
+  batch_names names;                      // empty: no dim is named
   std::vector<std::uint8_t> locked;       // one flag per node of the root schema
   const std::size_t* node_parents = nullptr;  // static table of the root schema
 };
@@ -123,6 +126,19 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     return out;
   }
 
+  // Python's keys(include_nested, leaves_only) and items(...): the top-level
+  // keys (sub-trees included) unless include_nested, sub-trees left out when
+  // leaves_only; a sub-tree comes before its keys. Sub-trees in items() are
+  // AnyTensorDicts over the same tensors (include tensordict/any_tensordict.hpp).
+  template <class Any = AnyTensorDict>
+  std::vector<any_key_path> keys(bool include_nested, bool leaves_only = false) const {
+    return Any(*this).keys(include_nested, leaves_only);
+  }
+  template <class Any = AnyTensorDict>
+  auto items(bool include_nested, bool leaves_only = false) const {
+    return Any(*this).items(include_nested, leaves_only);
+  }
+
   // The leaf at schema index i (leaf_index_v<S, ...>), possibly undefined.
   const at::Tensor& leaf(std::size_t i) const { return slot(i); }
   bool is_set(std::size_t i) const { return slot(i).defined(); }
@@ -184,6 +200,128 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     }
   }
 
+  // Writes value into the leaf in place (the leaf keeps its identity); also on
+  // a locked TensorDict. value must broadcast to the leaf's shape.
+  template <key... Path>
+  TensorDict& set_(const at::Tensor& value) {
+    static_assert(sizeof...(Path) > 0, "tensordict: set_<...>(value) needs a key path, e.g. set_<\"0\", \"weight\">(t).");
+    using error = detail::path_error<S, Path...>;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+    } else {
+      using r = detail::resolve<S, Path...>;
+      static_assert(std::is_same_v<typename r::type, tensor_leaf>,
+                    "tensordict: set_<...>(tensor) writes into a leaf; this key path names a sub-tree. Use update_(other).");
+      const std::string path = key_path_t<Path...>::describe();
+      at::Tensor& leaf = slot(r::leaf_offset);
+      if (!leaf.defined()) throw key_error("TensorDict.set_(" + path + "): the leaf is not set, so there is nothing to write into; use set<...>()");
+      detail::check_copy(leaf, value, "TensorDict.set_", path);
+      leaf.copy_(value);
+    }
+    return *this;
+  }
+
+  // ---- sub-schemas: select, exclude, rename_key, update ------------------------
+
+  // The top-level fields Keys (in that order), over the same tensors.
+  template <key... Keys>
+  auto select() const {
+    using error = typename detail::key_list_error<S, Keys...>::type;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+      return *this;
+    } else {
+      return remapped<detail::select_impl<S, Keys...>>();
+    }
+  }
+  // Every top-level field but Keys, over the same tensors.
+  template <key... Keys>
+  auto exclude() const {
+    using error = typename detail::key_list_error<S, Keys...>::type;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+      return *this;
+    } else {
+      return remapped<detail::exclude_impl<S, Keys...>>();
+    }
+  }
+  // The same tensors, the top-level key Old named New (Python's rename_key_, as a new TensorDict).
+  template <key Old, key New>
+  auto rename_key() const {
+    using error = typename detail::rename_error<S, Old, New>::type;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+      return *this;
+    } else {
+      TensorDict<typename detail::rename_impl<S, Old, New>::type> out(batch_size(), device());
+      out.st_->names = st_->names;
+      for (std::size_t i = 0; i < leaf_count; ++i) out.slot(i) = slot(i);
+      return out;
+    }
+  }
+
+  // Replaces the leaves that `other` sets (its schema must be a part of this
+  // one's: a compile error names the first key that is not). Every leaf is
+  // checked before the first is replaced.
+  template <schema_type P>
+  TensorDict& update(const TensorDict<P>& other) {
+    using error = typename detail::embedding<P, S>::error;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+    } else {
+      constexpr auto& where = detail::embedding<P, S>::leaves;
+      std::array<at::Tensor, P::leaf_count> incoming;
+      for (std::size_t i = 0; i < P::leaf_count; ++i) {
+        if (!other.leaf(i).defined()) continue;
+        check_unlocked(leaf_paths_v<S>[where[i]].parent_node, path_of(where[i]));
+        incoming[i] = checked_leaf(other.leaf(i), where[i], "TensorDict.update");
+      }
+      for (std::size_t i = 0; i < P::leaf_count; ++i)
+        if (incoming[i].defined()) slot(where[i]) = std::move(incoming[i]);
+    }
+    return *this;
+  }
+  // As update, but writes other's values into this TensorDict's tensors (which
+  // must be set, and take other's shapes by broadcasting); works when locked.
+  template <schema_type P>
+  TensorDict& update_(const TensorDict<P>& other) {
+    using error = typename detail::embedding<P, S>::error;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+    } else {
+      constexpr auto& where = detail::embedding<P, S>::leaves;
+      for (std::size_t i = 0; i < P::leaf_count; ++i) {
+        if (!other.leaf(i).defined()) continue;
+        if (!slot(where[i]).defined())
+          throw key_error("TensorDict.update_: the leaf " + path_of(where[i]) + " is not set here, so there is nothing to write into");
+        detail::check_copy(slot(where[i]), other.leaf(i), "TensorDict.update_", path_of(where[i]));
+      }
+      for (std::size_t i = 0; i < P::leaf_count; ++i)
+        if (other.leaf(i).defined()) slot(where[i]).copy_(other.leaf(i));
+    }
+    return *this;
+  }
+
+  // ---- batch dim names ------------------------------------------------------------
+
+  // Python's td.names: one name per batch dim, std::nullopt where a dim has none.
+  batch_names names() const { return detail::names_or_none(st_->names, batch_dims()); }
+  // Names the batch dims in place (Python's refine_names): a dim already named keeps its name.
+  TensorDict& refine_names(const batch_names& names) {
+    st_->names = detail::refined_names(st_->names, names, batch_size(), "refine_names");
+    return *this;
+  }
+  // The same tensors with the batch dims named `names` (Python's rename(*names)); rename_ in place.
+  TensorDict rename(const batch_names& names) const {
+    TensorDict out = apply([](const at::Tensor& t) { return t; });
+    out.st_->names = detail::checked_names(names, batch_size(), "rename");
+    return out;
+  }
+  TensorDict& rename_(const batch_names& names) {
+    st_->names = detail::checked_names(names, batch_size(), "rename_");
+    return *this;
+  }
+
   // ---- whole-tree operations ------------------------------------------------
 
   // A new TensorDict with f(leaf) at every set leaf; f may return an undefined
@@ -200,11 +338,43 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   template <class F>
   TensorDict apply(F&& f, c10::IntArrayRef new_batch_size, std::optional<at::Device> new_device) const {
     TensorDict out(new_batch_size, new_device);
+    if (new_batch_size.equals(batch_size())) out.st_->names = st_->names;
     for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
       at::Tensor r = f(t);
       out.slot(i) = out.checked_leaf(std::move(r), i, "TensorDict.apply");
     });
     return out;
+  }
+
+  // f(leaf, the same leaf of each other TensorDict): Python's apply(fn, *others).
+  // Every other must have this batch size and every leaf set here.
+  template <class F, class... Others>
+    requires(sizeof...(Others) > 0 && (std::is_same_v<Others, TensorDict> && ...))
+  TensorDict apply(F&& f, const Others&... others) const {
+    for (const TensorDict* o : {&others...}) {
+      if (!o->batch_size().equals(batch_size()))
+        throw shape_error("TensorDict.apply: batch_size=" + format_sizes(batch_size()) + " and batch_size=" +
+                          format_sizes(o->batch_size()) + " differ");
+      for_each_set_leaf([&](std::size_t i, const at::Tensor&) {
+        if (!o->slot(i).defined()) throw key_error("TensorDict.apply: the leaf " + path_of(i) + " is not set in every TensorDict");
+      });
+    }
+    TensorDict out(batch_size(), device());
+    out.st_->names = st_->names;
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
+      out.slot(i) = out.checked_leaf(f(t, others.slot(i)...), i, "TensorDict.apply");
+    });
+    return out;
+  }
+
+  // f(key path, leaf) at every set leaf, as Python's named_apply (key paths as leaf_path<S> gives them).
+  template <class F>
+  TensorDict named_apply(F&& f) const {
+    std::size_t i = 0;
+    return apply([&](const at::Tensor& t) {
+      while (!slot(i).defined()) ++i;
+      return f(leaf_path<S>(i++), t);
+    });
   }
 
   // apply_, clone, detach, zero_, to, comparisons with a scalar, all, any,
@@ -267,6 +437,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   friend class TensorDict;
   template <schema_type T>
   friend TensorDict<T> stack(c10::ArrayRef<TensorDict<T>>, std::int64_t);
+  template <schema_type T>
+  friend TensorDict<T> cat(c10::ArrayRef<TensorDict<T>>, std::int64_t);
 
   TensorDict(std::shared_ptr<detail::storage> st, std::size_t leaf_base, std::size_t node_base)
       : st_(std::move(st)), leaf_base_(leaf_base), node_base_(node_base) {}
@@ -281,6 +453,15 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   }
 
   at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
+
+  // A TensorDict of Map::type whose leaf i is this one's leaf Map::leaves[i].
+  template <class Map>
+  TensorDict<typename Map::type> remapped() const {
+    TensorDict<typename Map::type> out(batch_size(), device());
+    out.st_->names = st_->names;
+    for (std::size_t i = 0; i < Map::type::leaf_count; ++i) out.slot(i) = slot(Map::leaves[i]);
+    return out;
+  }
 
   template <class F>
   void for_each_set_leaf(F&& f) const {
@@ -409,6 +590,72 @@ TensorDict<S> stack(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
   return out;
 }
 
+namespace detail {
+
+// The batch size of cat(tds, dim): every batch dim but `dim` equal. Resolves a negative dim.
+template <class TDs>
+std::vector<std::int64_t> cat_batch_size(const TDs& tds, std::int64_t& dim) {
+  if (tds.size() == 0) throw shape_error("tensordict::cat: needs at least one TensorDict");
+  const auto nb = static_cast<std::int64_t>(tds[0].batch_dims());
+  if (dim < -nb || dim >= nb)
+    throw index_error("tensordict::cat: dim " + std::to_string(dim) + " is out of range for batch_size=" +
+                      format_sizes(tds[0].batch_size()));
+  if (dim < 0) dim += nb;
+  std::vector<std::int64_t> batch(tds[0].batch_size().begin(), tds[0].batch_size().end());
+  batch[dim] = 0;
+  for (std::size_t k = 0; k < tds.size(); ++k) {
+    auto b = tds[k].batch_size();
+    bool same_rest = b.size() == batch.size();
+    for (std::size_t d = 0; same_rest && d < b.size(); ++d) same_rest = d == static_cast<std::size_t>(dim) || b[d] == batch[d];
+    if (!same_rest)
+      throw shape_error("tensordict::cat: TensorDict 0 has batch_size=" + format_sizes(tds[0].batch_size()) +
+                        " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(b));
+    batch[dim] += b[dim];
+  }
+  return batch;
+}
+
+// One leaf's parts, concatenated along batch dim `dim` (only that dim may differ).
+inline at::Tensor cat_leaf(const std::vector<at::Tensor>& parts, std::int64_t dim, const std::string& path) {
+  for (std::size_t k = 1; k < parts.size(); ++k) {
+    bool fits = parts[k].dim() == parts[0].dim() && parts[k].scalar_type() == parts[0].scalar_type();
+    for (std::int64_t d = 0; fits && d < parts[0].dim(); ++d) fits = d == dim || parts[k].size(d) == parts[0].size(d);
+    if (!fits)
+      throw shape_error("tensordict::cat: the leaf " + path + " is " + describe(parts[0]) + " in TensorDict 0 but " +
+                        describe(parts[k]) + " in TensorDict " + std::to_string(k) + "; only batch dim " + std::to_string(dim) +
+                        " may differ");
+  }
+  return at::cat(parts, dim);
+}
+
+}  // namespace detail
+
+// Concatenates TensorDicts of one schema along an existing batch dim; leaves set in one must be set in all.
+template <schema_type S>
+TensorDict<S> cat(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
+  const std::vector<std::int64_t> batch = detail::cat_batch_size(tds, dim);
+  TensorDict<S> out(batch, tds[0].device());
+  std::vector<at::Tensor> parts(tds.size());
+  for (std::size_t i = 0; i < S::leaf_count; ++i) {
+    for (std::size_t k = 0; k < tds.size(); ++k) {
+      parts[k] = tds[k].leaf(i);
+      if (parts[k].defined() != parts[0].defined())
+        throw key_error("tensordict::cat: the leaf " + to_string(leaf_path<S>(i)) + " is set in TensorDict " +
+                        std::to_string(parts[0].defined() ? 0 : k) + " but not in TensorDict " + std::to_string(parts[0].defined() ? k : 0));
+    }
+    if (parts[0].defined()) out.slot(i) = detail::cat_leaf(parts, dim, to_string(leaf_path<S>(i)));
+  }
+  return out;
+}
+template <schema_type S>
+TensorDict<S> cat(std::initializer_list<TensorDict<S>> tds, std::int64_t dim = 0) {
+  return cat(c10::ArrayRef<TensorDict<S>>(tds.begin(), tds.size()), dim);
+}
+template <schema_type S>
+TensorDict<S> cat(const std::vector<TensorDict<S>>& tds, std::int64_t dim = 0) {
+  return cat(c10::ArrayRef<TensorDict<S>>(tds), dim);
+}
+
 template <schema_type S>
 TensorDict<S> stack(std::initializer_list<TensorDict<S>> tds, std::int64_t dim = 0) {
   return stack(c10::ArrayRef<TensorDict<S>>(tds.begin(), tds.size()), dim);
@@ -437,6 +684,62 @@ template <class First, class Next, class... Rest>
 struct first_mismatch<First, Next, Rest...>
     : std::conditional_t<std::is_same_v<First, Next>, first_mismatch<First, Rest...>, std::type_identity<Next>> {};
 }  // namespace detail
+
+// A value for the key path Path, as make<S>(...) takes it: kv<"b", "c">(tensor).
+template <class V, key... Path>
+struct keyed {
+  V value;
+};
+template <key... Path, class V>
+keyed<std::decay_t<V>, Path...> kv(V&& value) {
+  static_assert(sizeof...(Path) > 0, "tensordict: kv<...>(value) needs a key path, e.g. kv<\"0\", \"weight\">(t).");
+  return {std::forward<V>(value)};
+}
+
+namespace detail {
+template <class T>
+struct keyed_path;
+template <class V, key... Path>
+struct keyed_path<keyed<V, Path...>> {
+  static constexpr auto joined = joined_key<".", Path...>;
+  static constexpr std::string_view view() { return joined.view(); }
+  template <class S>
+  static void assign(TensorDict<S>& td, keyed<V, Path...>&& kv) {
+    td.template set<Path...>(std::move(kv.value));
+  }
+};
+template <class T>
+concept keyed_value = requires { keyed_path<std::remove_cvref_t<T>>::joined; };
+
+template <class... Keyed>
+constexpr std::size_t first_repeated_key() {
+  constexpr std::array<std::string_view, sizeof...(Keyed)> paths{keyed_path<std::remove_cvref_t<Keyed>>::view()...};
+  return first_duplicate(paths);
+}
+}  // namespace detail
+
+// Python's TensorDict({"a": t, "b": {"c": u}}, batch_size=[4]):
+//   auto td = make<S>({4}, kv<"a">(t), kv<"b", "c">(u));
+// in any order; leaves not given stay unset; a key path given twice is a compile error.
+template <schema_type S, class... Keyed>
+  requires(detail::keyed_value<Keyed> && ...)
+TensorDict<S> make(c10::IntArrayRef batch_size, Keyed&&... values) {
+  constexpr std::size_t repeated = detail::first_repeated_key<Keyed...>();
+  if constexpr (repeated != npos) {
+    compile_error::report<compile_error::key_given_twice<
+        detail::keyed_path<std::remove_cvref_t<detail::pack_at<repeated, Keyed...>>>::joined>>();
+    return TensorDict<S>(batch_size);
+  } else {
+    TensorDict<S> out(batch_size);
+    (detail::keyed_path<std::remove_cvref_t<Keyed>>::assign(out, std::remove_cvref_t<Keyed>(std::forward<Keyed>(values))), ...);
+    return out;
+  }
+}
+template <schema_type S, class... Keyed>
+  requires(detail::keyed_value<Keyed> && ...)
+TensorDict<S> make(Keyed&&... values) {
+  return make<S>(c10::IntArrayRef{}, std::forward<Keyed>(values)...);
+}
 
 // stack(a, b, c): the variadic form, whose schemas the compiler checks.
 template <class First, class... Rest>

@@ -26,7 +26,56 @@
 #include "../errors.hpp"
 #include "format.hpp"
 
+namespace tensordict {
+// The names of the batch dims (Python's td.names): std::nullopt for a dim without one.
+using batch_names = std::vector<std::optional<std::string>>;
+}  // namespace tensordict
+
 namespace tensordict::detail {
+
+inline std::string format_names(const batch_names& names) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + (names[i] ? '"' + *names[i] + '"' : std::string("None"));
+  return out + "]";
+}
+
+// `names` for a TensorDict of batch size `batch`: one per dim, each at most once.
+inline batch_names checked_names(const batch_names& names, c10::IntArrayRef batch, const char* op) {
+  if (names.size() != batch.size())
+    throw value_error(std::string("TensorDict.") + op + ": " + std::to_string(names.size()) + " names " + format_names(names) +
+                      " for the " + std::to_string(batch.size()) + " batch dims of batch_size=" + format_sizes(batch));
+  for (std::size_t i = 0; i < names.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (names[i] && names[j] == names[i])
+        throw value_error(std::string("TensorDict.") + op + ": the name \"" + *names[i] + "\" is given to two batch dims " + format_names(names));
+  if (std::none_of(names.begin(), names.end(), [](const auto& n) { return n.has_value(); })) return {};
+  return names;
+}
+inline batch_names names_or_none(const batch_names& stored, std::size_t batch_dims) {
+  return stored.empty() ? batch_names(batch_dims) : stored;
+}
+// Python's refine_names: unnamed dims take the new name, named ones must keep theirs.
+inline batch_names refined_names(const batch_names& stored, const batch_names& names, c10::IntArrayRef batch, const char* op) {
+  batch_names out = checked_names(names, batch, op);
+  const batch_names old = names_or_none(stored, batch.size());
+  for (std::size_t i = 0; i < old.size() && !out.empty(); ++i)
+    if (old[i] && out[i] != old[i])
+      throw value_error(std::string("TensorDict.") + op + ": batch dim " + std::to_string(i) + " is named \"" + *old[i] +
+                        "\" and cannot be renamed " + format_names(names) + "; use rename(...)");
+  return out.empty() ? stored : out;
+}
+
+// value can be copied into leaf in place: it broadcasts to the leaf's shape.
+inline void check_copy(const at::Tensor& leaf, const at::Tensor& value, const char* op, const std::string& path) {
+  bool fits = value.dim() <= leaf.dim();
+  for (std::int64_t d = 1; fits && d <= value.dim(); ++d) {
+    const auto v = value.size(value.dim() - d);
+    fits = v == 1 || v == leaf.size(leaf.dim() - d);
+  }
+  if (!fits)
+    throw shape_error(std::string(op) + "(" + path + "): cannot write " + describe(value) + " into the leaf, which is " +
+                      describe(leaf) + " (the value must broadcast to the leaf's shape)");
+}
 
 // Indices that apply to the batch dims only: an Ellipsis stands for the batch
 // dims that the other indices leave, never for a leaf's own dims.
@@ -229,7 +278,11 @@ class tensordict_ops {
     if (self().batch_size()[dim] != 1) return self().apply([](const at::Tensor& t) { return t; });
     std::vector<std::int64_t> target = self().batch_size().vec();
     target.erase(target.begin() + dim);
-    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.squeeze(dim); });
+    return with_names(with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.squeeze(dim); }),
+                      [&](batch_names names) {
+                        names.erase(names.begin() + dim);
+                        return names;
+                      });
   }
   // A new batch dim of size 1 at dim (0..ndim, or negative from the end of the batch dims).
   Derived unsqueeze(std::int64_t dim) const {
@@ -240,7 +293,11 @@ class tensordict_ops {
     if (dim < 0) dim += nb + 1;
     std::vector<std::int64_t> target = self().batch_size().vec();
     target.insert(target.begin() + dim, 1);
-    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.unsqueeze(dim); });
+    return with_names(with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.unsqueeze(dim); }),
+                      [&](batch_names names) {
+                        names.insert(names.begin() + dim, std::nullopt);
+                        return names;
+                      });
   }
   // The batch dims in the order `dims` (a permutation of 0..ndim-1).
   Derived permute(c10::IntArrayRef dims) const {
@@ -257,10 +314,14 @@ class tensordict_ops {
     }
     std::vector<std::int64_t> target;
     for (auto k : order) target.push_back(self().batch_size()[k]);
-    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) {
+    return with_names(with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) {
       std::vector<std::int64_t> all = order;
       for (std::int64_t d = nb; d < t.dim(); ++d) all.push_back(d);
       return t.permute(all);
+    }), [&](const batch_names& old) {
+      batch_names out;
+      for (auto k : order) out.push_back(old[k]);
+      return out;
     });
   }
   Derived transpose(std::int64_t dim0, std::int64_t dim1) const {
@@ -268,7 +329,11 @@ class tensordict_ops {
     dim1 = batch_dim(dim1, "transpose");
     std::vector<std::int64_t> target = self().batch_size().vec();
     std::swap(target[dim0], target[dim1]);
-    return with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.transpose(dim0, dim1); });
+    return with_names(with_batch(target, [&](const at::Tensor& t, c10::IntArrayRef) { return t.transpose(dim0, dim1); }),
+                      [&](batch_names names) {
+                        std::swap(names[dim0], names[dim1]);
+                        return names;
+                      });
   }
 
   // Pieces along a batch dim, views: of `size` each (the last may be smaller),
@@ -420,6 +485,13 @@ class tensordict_ops {
   static std::vector<std::int64_t> joined(c10::IntArrayRef batch, c10::IntArrayRef leaf) {
     std::vector<std::int64_t> out(batch.begin(), batch.end());
     out.insert(out.end(), leaf.begin(), leaf.end());
+    return out;
+  }
+  // `out` (a new TensorDict) with this one's batch dim names as `move` places them.
+  template <class Move>
+  Derived with_names(Derived out, Move&& move) const {
+    const batch_names mine = self().names();
+    if (std::any_of(mine.begin(), mine.end(), [](const auto& n) { return n.has_value(); })) out.rename_(move(mine));
     return out;
   }
   // f(leaf, the leaf's own dims) for every leaf, into a TensorDict of batch size `batch`.

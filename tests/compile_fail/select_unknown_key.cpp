@@ -1,0 +1,14 @@
+// select<...>() with a key the schema does not have.
+// expect: unknown_key<tensordict::key<4>{"bais"}
+// expect: tensordict: unknown key.
+#include <tensordict/typed_tensordict.hpp>
+
+using linear = tensordict::schema<tensordict::leaf<"weight">, tensordict::leaf<"bias">>;
+
+auto bias_only(const tensordict::TensorDict<linear>& td) {
+#ifdef TENSORDICT_COMPILE_FAIL
+  return td.select<"bais">();
+#else
+  return td.select<"bias">();
+#endif
+}
