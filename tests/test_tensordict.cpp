@@ -13,6 +13,10 @@
 #include <ATen/ops/arange.h>
 
 #include <tensordict/any_tensordict.hpp>
+#include <tensordict/dict.hpp>
+#include <tensordict/lazy_stack.hpp>
+#include <tensordict/safetensors.hpp>
+#include <tensordict/tensorclass.hpp>
 #include <tensordict/typed_tensordict.hpp>
 
 using namespace tensordict;
@@ -473,7 +477,10 @@ TEMPLATE_TEST_CASE("apply over several TensorDicts, named_apply, set_ and cat", 
   std::vector<std::string> seen;
   auto named = td.named_apply([&](const auto& path, const at::Tensor& t) {
     std::string joined;
-    for (const auto& part : path) joined += (joined.empty() ? "" : ".") + std::string(part);
+    for (const auto& part : path) {
+      if (!joined.empty()) joined += '.';
+      joined += part;
+    }
     seen.push_back(joined);
     return t + 1;
   });
@@ -631,4 +638,116 @@ TEST_CASE("the run-time select, exclude, rename_key_ and update", "[tensordict]"
   CHECK(a.eq(4).all().item<bool>());
   CHECK_THROWS_WITH(td.update_(AnyTensorDict({{"zz", at::ones({2})}}, {2})), Contains("no key \"zz\""));
   CHECK_THROWS_WITH(td.update(AnyTensorDict({{{"a", "x"}, at::ones({2})}}, {2})), Contains("update((\"a\", \"x\")): \"a\" holds a tensor"));
+}
+
+// ---- dicts, lazy stacks, tensorclasses ------------------------------------------------------
+
+TEST_CASE("to_dict and from_dict, flat, ordered and nested, both ways", "[tensordict]") {
+  auto td = make_mlp({2});
+  auto flat = to_dict(td);
+  CHECK(flat.size() == 4);
+  CHECK(impl(flat.at("2.bias")) == impl(td.get<"2", "bias">()));
+  auto sd = to_state_dict(td);
+  CHECK(sd.keys() == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  auto nested = to_nested_dict(td);
+  CHECK(impl(nested.dicts.at("0").tensors.at("weight")) == impl(td.get<"0", "weight">()));
+
+  // Without a batch size, from_dict takes the leading shape every leaf shares, as Python does.
+  auto back = from_dict(flat);
+  CHECK(back.batch_size() == c10::IntArrayRef{2});
+  CHECK(back.get("0", "weight").is_same(td.get<"0", "weight">()));
+  CHECK(from_dict(flat, std::vector<std::int64_t>{}).batch_size().empty());
+  CHECK(from_dict(sd, std::vector<std::int64_t>{2}).keys() == AnyTensorDict(td).keys());
+  CHECK(from_dict(nested).get("2", "bias").is_same(td.get<"2", "bias">()));
+  auto typed = from_dict<mlp>(sd);
+  CHECK(impl(typed.get<"0", "bias">()) == impl(td.get<"0", "bias">()));
+  flat.erase("0.bias");
+  CHECK_THROWS_WITH(from_dict<mlp>(flat), Contains("(\"0\", \"bias\"): missing"));
+  CHECK_THROWS_WITH(from_dict(flat, std::vector<std::int64_t>{3}), Contains("leading dims must be the batch size [3]"));
+
+  // The state-dict shape is what module code copies parameters from.
+  torch::nn::Linear source(3, 2), target(3, 2);
+  AnyTensorDict params;
+  for (const auto& p : source->named_parameters()) params.set({p.key()}, p.value());
+  const auto state = to_state_dict(params);
+  torch::NoGradGuard no_grad;
+  for (auto& p : target->named_parameters()) p.value().copy_(state[p.key()]);
+  CHECK(target->weight.equal(source->weight));
+}
+
+TEST_CASE("lazy_stack keeps the originals and stacks leaves on demand", "[tensordict]") {
+  AnyTensorDict a({{"obs", at::ones({4, 3})}, {"r", at::zeros({4})}}, {4});
+  AnyTensorDict b({{"obs", at::ones({4, 5})}, {"r", at::ones({4})}, {"extra", at::ones({4})}}, {4});
+  auto lazy = lazy_stack(std::vector{a, b});
+  CHECK(lazy.batch_size() == c10::IntArrayRef{2, 4});
+  CHECK(lazy[1].is_same(b));
+  CHECK(lazy[-2].is_same(a));
+  CHECK(lazy.unbind()[0].get("obs").is_same(a.get("obs")));
+  CHECK(lazy.keys() == std::vector<any_key_path>{{"obs"}, {"r"}});
+  CHECK(lazy.get("r").sizes() == c10::IntArrayRef{2, 4});
+  CHECK(lazy.get("r")[1].equal(b.get("r")));
+  CHECK_THROWS_WITH(lazy.get("obs"), Contains("the leaf is f32[4,3] in TensorDict 0 but f32[4,5] in TensorDict 1, so it cannot be stacked"));
+  auto padded = lazy.get_padded({"obs"}, -1);
+  CHECK(padded.sizes() == c10::IntArrayRef{2, 4, 5});
+  CHECK(padded[0].narrow(1, 3, 2).eq(-1).all().item<bool>());
+  CHECK(padded[1].equal(b.get("obs")));
+  CHECK_THROWS_WITH(lazy.get("extra"), Contains("TensorDict 0 has no such key"));
+  CHECK(printed(lazy) == "LazyStackedTensorDict(batch_size=[2,4], stack_dim=0, fields={obs: f32[2,4,-1], r: f32[2,4]})");
+  CHECK(lazy.apply([](const at::Tensor& t) { return t * 2; }).get("r")[1].eq(2).all().item<bool>());
+  CHECK_THROWS_WITH(lazy.contiguous(), Contains("stack"));
+  CHECK_THROWS_WITH(lazy_stack(std::vector{a, a.unsqueeze(0)}), Contains("has batch_size=[1,4]"));
+
+  auto on_dim1 = lazy_stack(std::vector{a, a}, 1);
+  CHECK(on_dim1.batch_size() == c10::IntArrayRef{4, 2});
+  CHECK(on_dim1.get("obs").sizes() == c10::IntArrayRef{4, 2, 3});
+
+  auto typed = lazy_stack(std::vector{make_mlp({3}), make_mlp({3})});
+  CHECK(typed.get<"0", "weight">().sizes() == c10::IntArrayRef{2, 3, 4, 3});
+  CHECK(typed.contiguous().batch_size() == c10::IntArrayRef{2, 3});
+}
+
+namespace {
+struct Step {
+  at::Tensor obs, reward;
+  TENSORDICT_TENSORCLASS(Step, obs, reward)
+};
+struct Transition {
+  at::Tensor obs, action;
+  Step next;
+  TENSORDICT_TENSORCLASS(Transition, obs, action, next)
+};
+}  // namespace
+
+TEST_CASE("a tensorclass is a struct with the TensorDict verbs", "[tensordict]") {
+  static_assert(std::is_same_v<Transition::schema_t,
+                               schema<leaf<"obs">, leaf<"action">, field<"next", schema<leaf<"obs">, leaf<"reward">>>>>);
+  const at::Tensor obs = at::randn({5, 3}), action = at::randn({5}), next_obs = at::randn({5, 3}), reward = at::randn({5});
+  Transition t{.obs = obs, .action = action, .next = {.obs = next_obs, .reward = reward}, .batch_size = {5}};
+  auto td = t.to_tensordict();
+  CHECK(impl(td.get<"next", "reward">()) == impl(reward));
+  CHECK(td.batch_size() == c10::IntArrayRef{5});
+
+  Transition first = t[0];
+  CHECK(first.batch_size.empty());
+  CHECK(first.next.reward.equal(reward[0]));
+  CHECK(shares(first.obs, obs));
+  Transition picked = t.index({at::tensor(std::vector<std::int64_t>{4, 0})});
+  CHECK(picked.batch_size == std::vector<std::int64_t>{2});
+  CHECK(picked.action[0].equal(action[4]));
+  auto batch = stack(std::vector{t, t});
+  CHECK(batch.batch_size == std::vector<std::int64_t>{2, 5});
+  CHECK(batch.next.obs[1].equal(next_obs));
+  CHECK(cat(std::vector{t, t}).obs.sizes() == c10::IntArrayRef{10, 3});
+  CHECK(t.to(at::kDouble).next.reward.scalar_type() == at::kDouble);
+  CHECK(t.to(at::Device(at::kMeta)).obs.device().is_meta());
+  CHECK(t.apply([](const at::Tensor& x) { return x * 0; }).obs.eq(0).all().item<bool>());
+  CHECK(t.flatten_keys().get<"next.reward">().is_same(reward));
+
+  Transition partial{.obs = obs, .action = {}, .next = {}, .batch_size = {5}};  // unset members are unset leaves
+  CHECK(partial.to_tensordict().keys().size() == 1);
+  CHECK_THROWS_WITH((Transition{.obs = obs, .action = {}, .next = {}, .batch_size = {4}}).to_tensordict(), Contains("the leaf \"obs\" is f32[5,3]"));
+
+  const std::string bytes = save_safetensors_to_string(t.to_tensordict());
+  Transition loaded = Transition::from_tensordict(load_safetensors_from_string(bytes).to_typed<Transition::schema_t>());
+  CHECK(loaded.next.obs.equal(next_obs));
 }

@@ -3,8 +3,9 @@
 
 The schema has N/5 layers "l0", "l1", ... of five leaves "w0".."w4" each. The
 TU reads every leaf three times with get<...>() (3N lookups), flattens the
-keys, stacks two TensorDicts and prints one: the operations whose compile
-cost grows with the schema.
+keys, stacks two TensorDicts, prints one, and computes sub-schemas
+(select, exclude, rename_key, update and update_ with a selected part): the
+operations whose compile cost grows with the schema.
 
 Usage: generate.py N OUTPUT.cpp
 """
@@ -44,6 +45,12 @@ int main() {{
   total += flat.get<"l0.w0">().numel();
   auto stacked = td::stack({{params, params}});
   std::cout << stacked << "\\n";
+  auto last = params.select<"l{layers - 1}">();
+  auto rest = params.exclude<"l0">();
+  auto renamed = params.rename_key<"l0", "first">();
+  params.update(last);
+  params.update_(last);
+  total += static_cast<std::int64_t>(rest.keys().size()) + renamed.get<"first", "w1">().numel();
   return total > 0 ? 0 : 1;
 }}
 """
