@@ -637,6 +637,10 @@ TEST_CASE("the run-time select, exclude, rename_key_ and update", "[tensordict]"
   CHECK(td.get("a").is_same(a));
   CHECK(a.eq(4).all().item<bool>());
   CHECK_THROWS_WITH(td.update_(AnyTensorDict({{"zz", at::ones({2})}}, {2})), Contains("no key \"zz\""));
+  td.lock_();
+  CHECK_THROWS_AS(td.update(only_a), lock_error);
+  td.update_(only_a);  // in place is allowed when locked
+  td.unlock_();
   CHECK_THROWS_WITH(td.update(AnyTensorDict({{{"a", "x"}, at::ones({2})}}, {2})), Contains("update((\"a\", \"x\")): \"a\" holds a tensor"));
 }
 
