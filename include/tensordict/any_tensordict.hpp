@@ -403,24 +403,6 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     return *this;
   }
 
-  // ---- batch dim names ------------------------------------------------------------------
-
-  // Python's td.names: one name per batch dim, std::nullopt where a dim has none.
-  batch_names names() const { return detail::names_or_none(root_->names, batch_dims()); }
-  AnyTensorDict& refine_names(const batch_names& names) {
-    root_->names = detail::refined_names(root_->names, names, batch_size(), "refine_names");
-    return *this;
-  }
-  AnyTensorDict rename(const batch_names& names) const {
-    AnyTensorDict out = apply([](const at::Tensor& t) { return t; });
-    out.root_->names = detail::checked_names(names, batch_size(), "rename");
-    return out;
-  }
-  AnyTensorDict& rename_(const batch_names& names) {
-    root_->names = detail::checked_names(names, batch_size(), "rename_");
-    return *this;
-  }
-
   // Removes a key (a leaf or a whole sub-tree), as Python's del_.
   AnyTensorDict& erase(c10::ArrayRef<std::string> path) {
     auto at = resolve(path, "AnyTensorDict.erase");
@@ -606,6 +588,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
  private:
   friend AnyTensorDict stack(c10::ArrayRef<AnyTensorDict>, std::int64_t);
   friend AnyTensorDict cat(c10::ArrayRef<AnyTensorDict>, std::int64_t);
+
+  batch_names& stored_names() const { return root_->names; }
 
   struct location {
     detail::any_node* node = nullptr;  // the node that holds the last key

@@ -302,26 +302,6 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     return *this;
   }
 
-  // ---- batch dim names ------------------------------------------------------------
-
-  // Python's td.names: one name per batch dim, std::nullopt where a dim has none.
-  batch_names names() const { return detail::names_or_none(st_->names, batch_dims()); }
-  // Names the batch dims in place (Python's refine_names): a dim already named keeps its name.
-  TensorDict& refine_names(const batch_names& names) {
-    st_->names = detail::refined_names(st_->names, names, batch_size(), "refine_names");
-    return *this;
-  }
-  // The same tensors with the batch dims named `names` (Python's rename(*names)); rename_ in place.
-  TensorDict rename(const batch_names& names) const {
-    TensorDict out = apply([](const at::Tensor& t) { return t; });
-    out.st_->names = detail::checked_names(names, batch_size(), "rename");
-    return out;
-  }
-  TensorDict& rename_(const batch_names& names) {
-    st_->names = detail::checked_names(names, batch_size(), "rename_");
-    return *this;
-  }
-
   // ---- whole-tree operations ------------------------------------------------
 
   // A new TensorDict with f(leaf) at every set leaf; f may return an undefined
@@ -453,6 +433,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   }
 
   at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
+  batch_names& stored_names() const { return st_->names; }
 
   // A TensorDict of Map::type whose leaf i is this one's leaf Map::leaves[i].
   template <class Map>

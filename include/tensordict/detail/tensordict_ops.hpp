@@ -1,7 +1,8 @@
 // The verbs that the typed TensorDict and AnyTensorDict share, written once
 // over what each provides: apply(f[, batch_size[, device]]), values() (the
-// leaves themselves, in order), batch_size() and compare(other, op, f) (the
-// leaves of two TensorDicts with the same keys, paired).
+// leaves themselves, in order), batch_size(), compare(other, op, f) (the
+// leaves of two TensorDicts with the same keys, paired) and stored_names()
+// (the batch dim names its storage keeps).
 //
 // Shape verbs act on the batch dims only; each leaf's own dims follow
 // unchanged (Python tensordict's semantics), and a leaf is a view wherever
@@ -359,6 +360,28 @@ class tensordict_ops {
     if (n <= 0) throw value_error("TensorDict.chunk: the number of chunks " + std::to_string(n) + " is not positive");
     const std::int64_t size = self().batch_size()[batch_dim(dim, "chunk")];
     return split(std::max<std::int64_t>(1, (size + n - 1) / n), dim);
+  }
+
+  // ---- batch dim names ----------------------------------------------------------------
+
+  // Python's td.names: one name per batch dim, std::nullopt where a dim has
+  // none. Verbs that keep the batch shape keep the names; permute, transpose,
+  // squeeze and unsqueeze move them with their dims; other shape changes drop them.
+  batch_names names() const { return names_or_none(self().stored_names(), self().batch_size().size()); }
+  // Names the batch dims in place (Python's refine_names): a dim already named keeps its name.
+  Derived& refine_names(const batch_names& names) {
+    self().stored_names() = refined_names(self().stored_names(), names, self().batch_size(), "refine_names");
+    return static_cast<Derived&>(*this);
+  }
+  // The same tensors with the batch dims named `names` (Python's rename(*names)); rename_ in place.
+  Derived rename(const batch_names& names) const {
+    Derived out = self().apply([](const at::Tensor& t) { return t; });
+    out.stored_names() = checked_names(names, self().batch_size(), "rename");
+    return out;
+  }
+  Derived& rename_(const batch_names& names) {
+    self().stored_names() = checked_names(names, self().batch_size(), "rename_");
+    return static_cast<Derived&>(*this);
   }
 
   // ---- element-wise ----------------------------------------------------------------
