@@ -274,6 +274,20 @@ TEST_CASE("dynamic from_modules: stacked new leaves", "[dynamic_modules]") {
   CHECK_THROWS_AS(from_modules(different), key_error);
 }
 
+TEST_CASE("dynamic from_modules with expand_identical stores a shared sub-module once", "[dynamic_modules]") {
+  torch::nn::Linear shared(3, 8);
+  std::vector<torch::nn::Sequential> nets{torch::nn::Sequential(shared, torch::nn::ReLU(), torch::nn::Linear(8, 2)),
+                                          torch::nn::Sequential(shared, torch::nn::ReLU(), torch::nn::Linear(8, 2))};
+  auto stacked = from_modules(nets, {.expand_identical = true});
+  CHECK(stacked.get("0", "bias").sizes() == c10::IntArrayRef{2, 8});
+  CHECK(stacked.get("0", "bias").data_ptr() == shared->bias.data_ptr());
+  CHECK(stacked.get("2", "bias").is_leaf());
+  at::Tensor y = nn::functional_vmap(nets[0], stacked, nn::args(at::randn({5, 3})));
+  y.sum().backward();
+  CHECK(shared->weight.grad().defined());
+  CHECK(stacked.get("2", "weight").grad().defined());
+}
+
 TEST_CASE("dynamic functional_vmap: lowered, vmapped and looped agree", "[dynamic_modules]") {
   std::vector<torch::nn::Sequential> nets;
   for (int i = 0; i < 4; ++i) nets.push_back(make_mlp());

@@ -271,6 +271,24 @@ TEST_CASE("from_modules stacks new leaves", "[functional]") {
                                            Contains("TensorDict 2"));
 }
 
+TEST_CASE("from_modules with expand_identical stores a shared sub-module once", "[functional]") {
+  torch::nn::Linear shared(3, 4);
+  std::vector<mlp_t> nets{mlp_t(shared, torch::nn::ReLU(), torch::nn::Linear(4, 1)),
+                          mlp_t(shared, torch::nn::ReLU(), torch::nn::Linear(4, 1))};
+  REQUIRE(impl(nets[0]->child<0>()->weight) == impl(nets[1]->child<0>()->weight));
+  auto stacked = from_modules(nets, {.expand_identical = true});
+  const at::Tensor w = stacked.get<"0", "weight">();
+  CHECK(w.sizes() == c10::IntArrayRef{2, 4, 3});
+  CHECK(w.stride(0) == 0);
+  CHECK(w.data_ptr() == shared->weight.data_ptr());
+  CHECK(stacked.get<"2", "weight">().is_leaf());  // not shared: stacked copies, as without the option
+  CHECK(stacked.get<"2", "weight">().data_ptr() != nets[0]->child<2>()->weight.data_ptr());
+  (w * 2).sum().backward();
+  REQUIRE(shared->weight.grad().defined());
+  CHECK(shared->weight.grad().eq(4).all().item<bool>());  // 2 members x 2
+  CHECK_FALSE(from_modules(nets).get<"0", "weight">().data_ptr() == shared->weight.data_ptr());
+}
+
 // ---- functional_call ----------------------------------------------------------------
 
 template <class Module, class Input>

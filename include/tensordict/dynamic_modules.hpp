@@ -360,7 +360,7 @@ void to_module_(const AnyTensorDict& params, M&& module) {
 // The modules' tensors stacked along a new leading dim (batch_size [N]); new
 // leaves, as the typed from_modules.
 template <nn::dynamic_module M>
-AnyTensorDict from_modules(const std::vector<M>& modules) {
+AnyTensorDict from_modules(const std::vector<M>& modules, from_modules_options options = {}) {
   if (modules.empty()) throw shape_error("tensordict::from_modules: needs at least one module");
   std::vector<AnyTensorDict> each;
   for (const auto& m : modules) each.push_back(from_module(m));
@@ -369,8 +369,10 @@ AnyTensorDict from_modules(const std::vector<M>& modules) {
     return stack(each);
   }();
   AnyTensorDict out(stacked.batch_size());
+  std::vector<at::Tensor> parts(each.size());
   stacked.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-    out.set(path, t.detach().requires_grad_(each[0].get(path).requires_grad()));
+    for (std::size_t k = 0; k < each.size(); ++k) parts[k] = each[k].get(path);
+    out.set(path, detail::stacked_leaf(t, parts, options));
   });
   return out;
 }

@@ -15,6 +15,7 @@
 // functorch's batched tensors.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <string>
@@ -282,11 +283,29 @@ struct from_modules_of_different_types {
 };
 }  // namespace compile_error
 
+// How from_modules stacks (Python's from_modules(..., expand_identical=...)).
+struct from_modules_options {
+  // A tensor that every module shares (the same tensor: a shared sub-module)
+  // is not copied: the leaf is that tensor expanded along the new dim, so it
+  // shares its storage and gradients reach it.
+  bool expand_identical = false;
+};
+
+namespace detail {
+// The leaf for the tensors `parts` of every module, stacked into `stacked`.
+inline at::Tensor stacked_leaf(const at::Tensor& stacked, c10::ArrayRef<at::Tensor> parts, from_modules_options options) {
+  const bool identical = std::all_of(parts.begin(), parts.end(), [&](const at::Tensor& t) { return t.is_same(parts[0]); });
+  if (options.expand_identical && identical) return parts[0].expand(stacked.sizes());
+  return stacked.detach().requires_grad_(parts[0].requires_grad());
+}
+}  // namespace detail
+
 // The modules' parameters stacked along a new leading dim (batch_size [N]).
-// The leaves are new tensors: gradients reach them, not the modules' own.
+// The leaves are new tensors: gradients reach them, not the modules' own
+// (but see from_modules_options::expand_identical).
 template <class Module>
   requires(!nn::dynamic_module<Module>)
-auto from_modules(const std::vector<Module>& modules) {
+auto from_modules(const std::vector<Module>& modules, from_modules_options options = {}) {
   using S = nn::schema_of<nn::impl_of_t<Module>>;
   if (modules.empty()) throw shape_error("tensordict::from_modules: needs at least one module");
   std::vector<TensorDict<S>> each;
@@ -297,8 +316,12 @@ auto from_modules(const std::vector<Module>& modules) {
     return stack(each);
   }();
   std::array<at::Tensor, S::leaf_count> leaves;
-  for (std::size_t i = 0; i < S::leaf_count; ++i)
-    if (stacked.leaf(i).defined()) leaves[i] = stacked.leaf(i).detach().requires_grad_(each[0].leaf(i).requires_grad());
+  std::vector<at::Tensor> parts(each.size());
+  for (std::size_t i = 0; i < S::leaf_count; ++i) {
+    if (!stacked.leaf(i).defined()) continue;
+    for (std::size_t k = 0; k < each.size(); ++k) parts[k] = each[k].leaf(i);
+    leaves[i] = detail::stacked_leaf(stacked.leaf(i), parts, options);
+  }
   return TensorDict<S>(std::move(leaves), stacked.batch_size());
 }
 
