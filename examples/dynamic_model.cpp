@@ -17,7 +17,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/utils.h>
 
-#include <tensordict/dynamic_modules.hpp>
+#include <tensordict/functional_vmap.hpp>
 #include <tensordict/files.hpp>
 
 namespace td = tensordict;

@@ -14,7 +14,7 @@
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
-#include <tensordict/dynamic_modules.hpp>
+#include <tensordict/functional_vmap.hpp>
 #include <tensordict/files.hpp>
 
 using namespace tensordict;
@@ -205,6 +205,34 @@ TEST_CASE("dynamic functional_call: a Sequential with built-in and registered mo
   torch::nn::AnyModule any(torch::nn::Linear(3, 2));
   auto any_params = randn_like(from_module(any));
   CHECK(at::allclose(functional_call(any, any_params, x), at::linear(x, any_params.get("weight"), any_params.get("bias"))));
+}
+
+TEST_CASE("dynamic functional_call and functional_vmap through the new adapters", "[dynamic_modules]") {
+  auto make = [] {
+    return torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::PReLU(), torch::nn::GRUCell(4, 5),
+                                 torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {1, 5})),
+                                 torch::nn::InstanceNorm1d(torch::nn::InstanceNorm1dOptions(1).affine(true)),
+                                 torch::nn::Flatten());
+  };
+  auto net = make();
+  auto x = at::randn({6, 3});
+  auto other = randn_like(from_module(net)).apply([](const at::Tensor& t) { return t.requires_grad_(); });
+  at::Tensor expected;
+  {
+    auto swap = to_module(other, net);
+    expected = net->forward(x);
+  }
+  at::Tensor y = functional_call(net, other, x);
+  CHECK(at::allclose(y, expected, 1e-5, 1e-6));
+  y.sum().backward();
+  CHECK(other.get("2", "weight_hh").grad().defined());
+  CHECK(other.get("1", "weight").grad().defined());
+
+  std::vector<torch::nn::Sequential> nets{make(), make(), make()};
+  auto stacked = from_modules(nets);
+  at::Tensor ys = nn::functional_vmap(nets[0], stacked, nn::args(x));
+  REQUIRE(ys.sizes() == c10::IntArrayRef{3, 6, 5});
+  for (int i = 0; i < 3; ++i) CHECK(at::allclose(ys[i], nets[i]->forward(x), 1e-5, 1e-6));
 }
 
 TEST_CASE("dynamic calls take a typed TensorDict of the same keys", "[dynamic_modules]") {

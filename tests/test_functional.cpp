@@ -12,6 +12,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <tensordict/functional.hpp>
+#include <tensordict/functional_vmap.hpp>
 
 using namespace tensordict;
 using test::impl;
@@ -324,6 +325,93 @@ TEST_CASE("functional_call matches the module's forward for every built-in type"
   check_functional_call(bn, at::randn({6, 4}));
   check_functional_call(make_mlp(), at::randn({5, 3}));
   check_functional_call(ScaledNet(), at::randn({5, 3}));
+}
+
+TEST_CASE("functional_call matches the forward of the convolution, normalization, activation and cell adapters", "[functional]") {
+  check_functional_call(torch::nn::ConvTranspose1d(torch::nn::ConvTranspose1dOptions(2, 3, 3).stride(2).output_padding(1)),
+                        at::randn({2, 2, 6}));
+  check_functional_call(torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(1, 2, 2).groups(1)), at::randn({1, 1, 3, 3, 3}));
+  torch::nn::BatchNorm3d bn3(2);
+  bn3->eval();
+  check_functional_call(bn3, at::randn({2, 2, 3, 3, 3}));
+  check_functional_call(torch::nn::InstanceNorm1d(torch::nn::InstanceNorm1dOptions(3).affine(true)), at::randn({2, 3, 7}));
+  check_functional_call(torch::nn::InstanceNorm1d(torch::nn::InstanceNorm1dOptions(3).affine(true)), at::randn({3, 7}));  // unbatched
+  torch::nn::InstanceNorm2d tracked(torch::nn::InstanceNorm2dOptions(2).affine(true).track_running_stats(true));
+  tracked->eval();
+  tracked->running_mean.normal_();
+  check_functional_call(tracked, at::randn({2, 2, 4, 4}));
+  check_functional_call(torch::nn::InstanceNorm3d(2), at::randn({1, 2, 3, 3, 3}));
+  CHECK(from_module(torch::nn::InstanceNorm3d(2)).keys().empty());  // without affine or statistics: no tensors
+  check_functional_call(torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(3)), at::randn({4, 3, 5}));
+  check_functional_call(torch::nn::RNNCell(torch::nn::RNNCellOptions(3, 5).nonlinearity(torch::kReLU)), at::randn({4, 3}));
+  check_functional_call(torch::nn::RNNCell(3, 5), at::randn({4, 3}));
+  check_functional_call(torch::nn::GRUCell(torch::nn::GRUCellOptions(3, 5).bias(false)), at::randn({4, 3}));
+}
+
+TEST_CASE("functional_call of the cells with a hidden state, unbatched, and of Bilinear: values and gradients", "[functional]") {
+  torch::nn::GRUCell gru(3, 4);
+  auto x = at::randn({2, 3}), h = at::randn({2, 4});
+  auto gru_params = from_module(gru).detach().clone().apply([](const at::Tensor& t) { return t.mul(0.5).requires_grad_(); });
+  at::Tensor expected;
+  {
+    auto swap = to_module(gru_params, gru);
+    expected = gru->forward(x, h);
+    expected.sum().backward();
+  }
+  const at::Tensor module_grad = gru_params.get<"weight_hh">().grad().clone();
+  gru_params.apply_([](at::Tensor& t) { t.mutable_grad().reset(); });
+  at::Tensor y = functional_call(gru, gru_params, x, h);
+  CHECK(at::allclose(y, expected));
+  y.sum().backward();
+  CHECK(at::allclose(gru_params.get<"weight_hh">().grad(), module_grad));
+  CHECK(at::allclose(functional_call(gru, gru_params, x[0], h[0]), expected[0]));  // unbatched
+
+  torch::nn::LSTMCell lstm(3, 4);
+  auto lstm_params = from_module(lstm).detach().clone().apply([](const at::Tensor& t) { return t.mul(-0.5); });
+  auto c = at::randn({2, 4});
+  std::tuple<at::Tensor, at::Tensor> state;
+  {
+    auto swap = to_module(lstm_params, lstm);
+    state = lstm->forward(x, std::make_tuple(h, c));
+  }
+  auto [h1, c1] = functional_call(lstm, lstm_params, x, std::make_tuple(h, c));
+  CHECK(at::allclose(h1, std::get<0>(state)));
+  CHECK(at::allclose(c1, std::get<1>(state)));
+  auto [h0, c0] = functional_call(lstm, lstm_params, x);  // zeros for (h, c), as the module's forward
+  {
+    auto swap = to_module(lstm_params, lstm);
+    CHECK(at::allclose(h0, std::get<0>(lstm->forward(x))));
+    CHECK(at::allclose(c0, std::get<1>(lstm->forward(x))));
+  }
+  auto [hu, cu] = functional_call(lstm, lstm_params, x[1], std::make_tuple(h[1], c[1]));
+  CHECK(at::allclose(hu, std::get<0>(state)[1]));
+  CHECK(at::allclose(cu, std::get<1>(state)[1]));
+
+  torch::nn::Bilinear bilinear(3, 2, 4);
+  auto b_params = from_module(bilinear).detach().clone().apply([](const at::Tensor& t) { return t.mul(2); });
+  auto x1 = at::randn({5, 3}), x2 = at::randn({5, 2});
+  at::Tensor b_expected;
+  {
+    auto swap = to_module(b_params, bilinear);
+    b_expected = bilinear->forward(x1, x2);
+  }
+  CHECK(at::allclose(functional_call(bilinear, b_params, x1, x2), b_expected));
+}
+
+TEST_CASE("functional_vmap over the new adapters equals a loop over the members", "[functional]") {
+  std::vector<torch::nn::GRUCell> cells{torch::nn::GRUCell(3, 4), torch::nn::GRUCell(3, 4), torch::nn::GRUCell(3, 4)};
+  auto stacked = from_modules(cells);
+  auto x = at::randn({5, 3});
+  at::Tensor y = nn::functional_vmap(cells[0], stacked, nn::args(x));
+  REQUIRE(y.sizes() == c10::IntArrayRef{3, 5, 4});
+  for (int i = 0; i < 3; ++i) CHECK(at::allclose(y[i], cells[i]->forward(x), 1e-5, 1e-6));
+
+  std::vector<torch::nn::PReLU> prelus{torch::nn::PReLU(), torch::nn::PReLU()};
+  prelus[1]->weight.data().fill_(0.1);
+  auto p = from_modules(prelus);
+  auto z = at::randn({4, 2});
+  at::Tensor out = nn::functional_vmap(prelus[0], p, nn::args(z));
+  for (int i = 0; i < 2; ++i) CHECK(at::allclose(out[i], prelus[i]->forward(z)));
 }
 
 TEST_CASE("functional_call of BatchNorm in training updates the TensorDict's statistics", "[functional]") {

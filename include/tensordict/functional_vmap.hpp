@@ -12,33 +12,35 @@
 // kwargs to the dim that indexes the sets; randomness, chunk_size and loop as
 // the reference; `method` calls another member function than forward.
 //
-// Module types with a batched form (nn::batched<Impl>: Linear, Conv2d,
-// LayerNorm, Embedding, BatchNorm in eval, the parameter-free modules and
-// Dropout, and the typed Sequential of them) are lowered to batched libtorch
-// ops: one baddbmm for the sets of a Linear instead of one linear each. The
-// others go through vmap with the stacked tensors swapped in; loop = true
-// calls the sets one by one.
+// Module types with a batched form (nn::batched<Impl> in their adapter under
+// modules/: Linear, Conv2d, LayerNorm, Embedding, BatchNorm in eval, the
+// parameter-free modules and Dropout, and the typed Sequential of them) are
+// lowered to batched libtorch ops: one baddbmm for the sets of a Linear
+// instead of one linear each. The others go through vmap with the stacked
+// tensors swapped in; loop = true calls the sets one by one.
+//
+// On a run-time model (a torch::nn::Sequential, AnyModule, ...), params is an
+// AnyTensorDict and the forward takes one tensor.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/TensorOperators.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/baddbmm.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/conv2d.h>
-#include <ATen/ops/dropout.h>
-#include <ATen/ops/layer_norm.h>
-#include <ATen/ops/ones.h>
 #include <ATen/ops/stack.h>
 
-#include "functional.hpp"
+#include "any_tensordict.hpp"
+#include "functional.hpp"  // the verbs it builds on, from_modules to stack the sets among them
+#include "functional_call.hpp"
+#include "module_registry.hpp"
+#include "modules/builtin.hpp"
 #include "vmap.hpp"
 
 namespace tensordict {
@@ -103,229 +105,6 @@ struct in_dims_names_no_kwarg {
 };
 }  // namespace compile_error
 
-// ---- batched forms --------------------------------------------------------------
-
-// A value flowing through a lowered module: when `mapped`, dim 0 indexes the
-// sets; otherwise every set sees the same value.
-struct stacked {
-  at::Tensor value;
-  bool mapped = false;
-};
-
-struct batch_context {
-  std::int64_t sets = 0;
-  tensordict::randomness randomness = tensordict::randomness::error;
-};
-
-// batched<Impl>::forward(module, params with a leading sets dim, input, context).
-template <class Impl>
-struct batched;
-
-template <class Impl>
-concept has_batched_form = requires { batched<Impl>::is_batched; };
-
-namespace detail {
-inline at::Tensor expand_sets(const stacked& x, std::int64_t sets) {
-  if (x.mapped) return x.value;
-  std::vector<std::int64_t> sizes{sets};
-  sizes.insert(sizes.end(), x.value.sizes().begin(), x.value.sizes().end());
-  return x.value.unsqueeze(0).expand(sizes);
-}
-
-// Shapes a [sets, k] parameter so it broadcasts against a [sets, ..., k] value of `dims` dims.
-inline at::Tensor per_set(const at::Tensor& p, std::int64_t value_dims, std::int64_t trailing) {
-  std::vector<std::int64_t> shape{p.size(0)};
-  for (std::int64_t d = 1; d < value_dims - trailing; ++d) shape.push_back(1);
-  shape.insert(shape.end(), p.sizes().begin() + 1, p.sizes().end());
-  return p.view(shape);
-}
-}  // namespace detail
-
-template <>
-struct batched<torch::nn::LinearImpl> {
-  static constexpr bool is_batched = true;
-  // One baddbmm: [sets, rows, in] x [sets, in, out]; a shared input is broadcast, not copied.
-  static stacked forward(const torch::nn::LinearImpl&, const TensorDict<schema_of<torch::nn::LinearImpl>>& p,
-                         const stacked& x, const batch_context& ctx) {
-    const at::Tensor& w = p.leaf(0);  // [sets, out, in]
-    const at::Tensor& b = p.leaf(1);  // [sets, out] or unset
-    const std::int64_t in = w.size(2), out = w.size(1);
-    // [sets, rows, in]; the common shapes need no reshape (each op costs about a microsecond here).
-    const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
-    if (!x.mapped && own_dims == 2 && b.defined()) {
-      // A shared input meets every set's weights in one GEMM: [rows, in] x [in, sets*out].
-      at::Tensor y = at::addmm(b.reshape({-1}), x.value, w.reshape({ctx.sets * out, in}).t());
-      return {y.view({x.value.size(0), ctx.sets, out}).transpose(0, 1), true};
-    }
-    at::Tensor rows;
-    if (x.mapped)
-      rows = own_dims == 2 ? x.value : x.value.reshape({ctx.sets, -1, in});
-    else
-      rows = (own_dims == 2 ? x.value : x.value.reshape({-1, in})).unsqueeze(0).expand({ctx.sets, -1, in});
-    at::Tensor y;
-    if (!b.defined())
-      y = at::bmm(rows, w.transpose(1, 2));
-    else if (rows.size(1) * in * out < (1 << 16))
-      y = at::baddbmm(b.unsqueeze(1), rows, w.transpose(1, 2));  // small: the bias fused in
-    else
-      y = at::bmm(rows, w.transpose(1, 2)).add_(b.unsqueeze(1));  // large: measured faster than baddbmm's bias copy
-    if (own_dims == 2) return {y, true};
-    std::vector<std::int64_t> shape{ctx.sets};
-    shape.insert(shape.end(), x.value.sizes().begin() + (x.mapped ? 1 : 0), x.value.sizes().end() - 1);
-    shape.push_back(out);
-    return {y.view(shape), true};
-  }
-};
-
-template <>
-struct batched<torch::nn::Conv2dImpl> {
-  static constexpr bool is_batched = true;
-  static bool supports(const torch::nn::Conv2dImpl& m) {
-    return ::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&m.options.padding_mode()) != nullptr;
-  }
-  // One grouped convolution: the sets become groups.
-  static stacked forward(const torch::nn::Conv2dImpl& m, const TensorDict<schema_of<torch::nn::Conv2dImpl>>& p,
-                         const stacked& x, const batch_context& ctx) {
-    const auto& o = m.options;
-    const std::int64_t sets = ctx.sets, groups = o.groups();
-    const at::Tensor& w = p.leaf(0);  // [sets, out, in/groups, kh, kw]
-    const bool unbatched = x.value.dim() == (x.mapped ? 4 : 3);
-    at::Tensor input = expand_input(x, sets, unbatched);  // [N, sets*C, H, W]
-    at::Tensor weight = w.reshape({sets * w.size(1), w.size(2), w.size(3), w.size(4)});
-    at::Tensor bias = p.leaf(1).defined() ? p.leaf(1).reshape({-1}) : at::Tensor();
-    at::Tensor y = torch::nn::functional::detail::conv2d(input, weight, bias, o.stride(), o.padding(), o.dilation(),
-                                                         sets * groups);
-    y = y.view({y.size(0), sets, w.size(1), y.size(2), y.size(3)}).transpose(0, 1);  // [sets, N, out, H', W']
-    if (unbatched) y = y.squeeze(1);
-    return {y, true};
-  }
-
- private:
-  static at::Tensor expand_input(const stacked& x, std::int64_t sets, bool unbatched) {
-    if (x.mapped) {
-      at::Tensor v = unbatched ? x.value.unsqueeze(1) : x.value;  // [sets, N, C, H, W]
-      return v.transpose(0, 1).reshape({v.size(1), sets * v.size(2), v.size(3), v.size(4)});
-    }
-    at::Tensor v = unbatched ? x.value.unsqueeze(0) : x.value;  // [N, C, H, W]
-    return v.repeat({1, sets, 1, 1});
-  }
-};
-
-template <>
-struct batched<torch::nn::LayerNormImpl> {
-  static constexpr bool is_batched = true;
-  static stacked forward(const torch::nn::LayerNormImpl& m, const TensorDict<schema_of<torch::nn::LayerNormImpl>>& p,
-                         const stacked& x, const batch_context& ctx) {
-    const auto& shape = m.options.normalized_shape();
-    at::Tensor y = at::layer_norm(x.value, shape, {}, {}, m.options.eps());  // over trailing dims: same for every set
-    if (!p.leaf(0).defined()) return {y, x.mapped};
-    at::Tensor v = detail::expand_sets({y, x.mapped}, ctx.sets);
-    const auto trailing = static_cast<std::int64_t>(shape.size());
-    v = v * detail::per_set(p.leaf(0), v.dim(), trailing);
-    if (p.leaf(1).defined()) v = v + detail::per_set(p.leaf(1), v.dim(), trailing);
-    return {v, true};
-  }
-};
-
-template <>
-struct batched<torch::nn::EmbeddingImpl> {
-  static constexpr bool is_batched = true;
-  // max_norm renormalizes rows in place and padding_idx keeps a row's gradient at zero: those go through vmap.
-  static bool supports(const torch::nn::EmbeddingImpl& m) {
-    return !m.options.max_norm().has_value() && !m.options.padding_idx().has_value();
-  }
-  static stacked forward(const torch::nn::EmbeddingImpl&, const TensorDict<schema_of<torch::nn::EmbeddingImpl>>& p,
-                         const stacked& x, const batch_context& ctx) {
-    const at::Tensor& w = p.leaf(0);  // [sets, num, dim]
-    const std::int64_t dim = w.size(2);
-    if (!x.mapped) {
-      std::vector<std::int64_t> shape{ctx.sets};
-      shape.insert(shape.end(), x.value.sizes().begin(), x.value.sizes().end());
-      shape.push_back(dim);
-      return {w.index_select(1, x.value.reshape({-1})).view(shape), true};
-    }
-    at::Tensor flat = x.value.reshape({ctx.sets, -1});  // [sets, k]
-    at::Tensor picked = w.gather(1, flat.unsqueeze(-1).expand({ctx.sets, flat.size(1), dim}));
-    std::vector<std::int64_t> shape(x.value.sizes().begin(), x.value.sizes().end());
-    shape.push_back(dim);
-    return {picked.view(shape), true};
-  }
-};
-
-template <class Impl>
-  requires std::is_same_v<Impl, torch::nn::BatchNorm1dImpl> || std::is_same_v<Impl, torch::nn::BatchNorm2dImpl>
-struct batched<Impl> {
-  static constexpr bool is_batched = true;
-  // Running statistics only: in training, batch statistics and their updates go through vmap.
-  static bool supports(const Impl& m) { return !m.is_training() && m.options.track_running_stats(); }
-  static stacked forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
-    at::Tensor v = detail::expand_sets(x, ctx.sets);  // [sets, N, C, ...]
-    auto view = [&](const at::Tensor& t) {
-      std::vector<std::int64_t> shape{ctx.sets, 1, t.size(1)};
-      for (std::int64_t d = 3; d < v.dim(); ++d) shape.push_back(1);
-      return t.view(shape);
-    };
-    at::Tensor y = (v - view(p.leaf(2))) * view((p.leaf(3) + m.options.eps()).rsqrt());
-    if (p.leaf(0).defined()) y = y * view(p.leaf(0));
-    if (p.leaf(1).defined()) y = y + view(p.leaf(1));
-    return {y, true};
-  }
-};
-
-template <>
-struct batched<torch::nn::DropoutImpl> {
-  static constexpr bool is_batched = true;
-  static stacked forward(torch::nn::DropoutImpl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context& ctx) {
-    const double prob = m.options.p();
-    if (!m.is_training() || prob == 0) return x;
-    switch (ctx.randomness) {
-      case tensordict::randomness::error:
-        throw value_error(
-            "functional_vmap: Dropout in training mode draws random numbers, and randomness is \"error\". Pass "
-            "randomness::different (a mask per set) or randomness::same (one mask for all sets), or call eval().");
-      case tensordict::randomness::same:
-        if (!x.mapped) return {at::dropout(x.value, prob, true), false};
-        return {x.value * at::dropout(at::ones(x.value.sizes().slice(1), x.value.options()), prob, true), true};
-      default:
-        return {at::dropout(detail::expand_sets(x, ctx.sets), prob, true), true};
-    }
-  }
-};
-
-// Modules that take dims (Softmax(dim=1), Flatten(1, -1)): on a mapped value
-// a dim counted from the front moves past the sets dim.
-namespace detail {
-inline std::int64_t past_sets(std::int64_t dim, bool mapped) { return mapped && dim >= 0 ? dim + 1 : dim; }
-}  // namespace detail
-
-template <class Impl>
-  requires std::is_same_v<Impl, torch::nn::SoftmaxImpl> || std::is_same_v<Impl, torch::nn::LogSoftmaxImpl> ||
-           std::is_same_v<Impl, torch::nn::FlattenImpl>
-struct batched<Impl> {
-  static constexpr bool is_batched = true;
-  static stacked forward(Impl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context&) {
-    if constexpr (std::is_same_v<Impl, torch::nn::FlattenImpl>)
-      return {x.value.flatten(detail::past_sets(m.options.start_dim(), x.mapped), detail::past_sets(m.options.end_dim(), x.mapped)),
-              x.mapped};
-    else if constexpr (std::is_same_v<Impl, torch::nn::SoftmaxImpl>)
-      return {x.value.softmax(detail::past_sets(m.options.dim(), x.mapped)), x.mapped};
-    else
-      return {x.value.log_softmax(detail::past_sets(m.options.dim(), x.mapped)), x.mapped};
-  }
-};
-
-// The other parameter-free modules act element-wise, the same way for every set.
-template <class Impl>
-  requires(schema_of<Impl>::leaf_count == 0 && !std::is_same_v<Impl, torch::nn::DropoutImpl> &&
-           !std::is_same_v<Impl, torch::nn::SoftmaxImpl> && !std::is_same_v<Impl, torch::nn::LogSoftmaxImpl> &&
-           !std::is_same_v<Impl, torch::nn::FlattenImpl> && !requires { typename Impl::is_sequential; })
-struct batched<Impl> {
-  static constexpr bool is_batched = true;
-  static stacked forward(Impl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context&) {
-    return {m.forward(x.value), x.mapped};
-  }
-};
-
 // Calls one module on a stacked value: its batched form when it has one (and
 // supports its options), else vmap of its functional call.
 template <class Impl, class S>
@@ -337,40 +116,6 @@ stacked call_stacked(Impl& m, const TensorDict<S>& p, const stacked& x, const ba
   }
   auto one_set = [&m](const TensorDict<S>& params, const at::Tensor& input) { return functional_call(m, params, input); };
   return {vmap(one_set, {0, x.mapped ? in_dim(0) : std::nullopt}, {.randomness = ctx.randomness})(p, x.value), true};
-}
-
-template <class... Holders>
-struct batched<SequentialImpl<Holders...>> {
-  static constexpr bool is_batched = true;
-  static stacked forward(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
-                         const stacked& x, const batch_context& ctx) {
-    return chain<0>(m, p, x, ctx);
-  }
-
- private:
-  template <std::size_t I>
-  static stacked chain(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
-                       const stacked& x, const batch_context& ctx) {
-    auto& child = *m.template child<I>();
-    stacked out = call_stacked(child, detail::child_params<I>(p), x, ctx);
-    if constexpr (I + 1 == sizeof...(Holders))
-      return out;
-    else
-      return chain<I + 1>(m, p, out, ctx);
-  }
-};
-
-// Whether every module of the type has a batched form (each is then used
-// when its options allow: Conv2d with zero padding, BatchNorm in eval, ...).
-template <class Impl>
-constexpr bool fully_lowered() {
-  if constexpr (requires { typename Impl::is_sequential; }) {
-    return []<std::size_t... I>(std::index_sequence<I...>) {
-      return (fully_lowered<impl_of_t<std::remove_cvref_t<decltype(std::declval<Impl&>().template child<I>())>>>() && ...);
-    }(std::make_index_sequence<Impl::size()>{});
-  } else {
-    return has_batched_form<Impl>;
-  }
 }
 
 // ---- functional_vmap ----------------------------------------------------------------
@@ -526,7 +271,7 @@ auto kwarg_dims_of(const InDims& in_dims) {
               using D = std::remove_cvref_t<decltype(d)>;
               constexpr std::size_t at = ::tensordict::detail::find_name(Kwargs::names, D::name.view());
               if constexpr (at == npos)
-                ::tensordict::compile_error::report<compile_error::in_dims_names_no_kwarg<D::name, Kwargs>>();
+                ::tensordict::compile_error::report<::tensordict::nn::compile_error::in_dims_names_no_kwarg<D::name, Kwargs>>();
               else
                 kwarg_dims[at] = d.dim;
             }(dims),
@@ -567,6 +312,74 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
   };
   return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims,
                                      std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered);
+}
+
+}  // namespace nn
+
+namespace nn {
+namespace detail {
+// The batched form of a whole run-time model, or std::nullopt when some module has none.
+inline std::optional<stacked> dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params, const stacked& x,
+                                              const batch_context& ctx) {
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
+    // All children lowered, or none: vmap then runs the whole chain once.
+    auto names = seq->named_children();
+    std::size_t i = 0;
+    stacked value = x;
+    for (auto& child : *seq) {
+      auto out = dynamic_lowered(*child.ptr(), ::tensordict::detail::child_params(params, names[i++].key()), value, ctx);
+      if (!out) return std::nullopt;
+      value = std::move(*out);
+    }
+    return value;
+  }
+  auto kind = module_registry::instance().find(m);
+  if (!kind || !kind->batched) return std::nullopt;
+  // The batched forms take every tensor stacked; a module's own unstacked ones go through vmap.
+  for (const auto& [name, member] : kind->members(m))
+    if (member->defined() && !params.contains(name)) return std::nullopt;
+  return kind->batched(m, params, x, ctx);
+}
+
+template <class Inputs>
+constexpr bool one_tensor() {
+  if constexpr (std::tuple_size_v<Inputs> == 1)
+    return std::is_convertible_v<std::tuple_element_t<0, Inputs>, at::Tensor>;
+  else
+    return false;
+}
+}  // namespace detail
+
+// functional_vmap on a run-time model: params (an AnyTensorDict whose batch
+// dims index the sets, e.g. from_modules) as in the typed form; the model's
+// forward takes one tensor, given in args (shared by every set) or as the
+// kwarg "input" (mapped with in_dim_of<"input">(dim)).
+template <tensordict::nn::dynamic_module M, class Args = std::tuple<>, class Kwargs = kwargs_t<>, class InDims = in_dims_t<>>
+at::Tensor functional_vmap(M&& module, const AnyTensorDict& params, Args args = {}, Kwargs kwargs = {}, InDims in_dims = {},
+                           functional_vmap_options options = {}) {
+  torch::nn::Module& m = ::tensordict::detail::dynamic_ref(module);
+  torch::nn::AnyModule* any = nullptr;
+  if constexpr (std::is_same_v<std::remove_cvref_t<M>, torch::nn::AnyModule>) any = const_cast<torch::nn::AnyModule*>(&module);
+  const auto kwarg_dims = detail::kwarg_dims_of<Kwargs>(in_dims);
+  auto [inputs, dims] = detail::gather_inputs(args, kwargs, kwarg_dims);
+  if constexpr (!detail::one_tensor<decltype(inputs)>()) {
+    static_assert(detail::one_tensor<decltype(inputs)>(),
+                  "tensordict::nn::functional_vmap on a run-time model passes one input tensor: args(x), or "
+                  "kwargs(kw<\"input\">(x)) with in_dims(in_dim_of<\"input\">(0)).");
+    return at::Tensor();
+  } else {
+    const AnyTensorDict p = ::tensordict::detail::unflatten_if_flat(params);
+    // Check the keys, shapes and dtypes once, against the module, before any call.
+    (void)::tensordict::detail::resolve_targets(m, p, p.batch_dims(), "tensordict::nn::functional_vmap");
+    auto call_one = [&](const AnyTensorDict& one, const at::Tensor& x) {
+      return ::tensordict::detail::dynamic_call(m, any, one, x);
+    };
+    auto lowered = [&](const AnyTensorDict& stacked_params, const stacked& x, const batch_context& ctx) {
+      return detail::dynamic_lowered(m, stacked_params, x, ctx);
+    };
+    return detail::run_functional_vmap(p, inputs, dims, std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one,
+                                       lowered);
+  }
 }
 
 }  // namespace nn

@@ -1,6 +1,6 @@
 // Registering a user module type whose members were never named: its tensors could not be swapped.
 // expect: register_module_type<Impl>(): Impl (named above in 'registered_type_without_schema<...>') has no schema
-#include <tensordict/dynamic_modules.hpp>
+#include <tensordict/module_registry.hpp>
 
 struct NamedImpl : torch::nn::Module {
   at::Tensor scale;

@@ -1,0 +1,140 @@
+// Where a module's tensors live, for the verbs: the typed slots (the member
+// that the forward reads, and the registry entry) of a module of a described
+// type, and the walk over a run-time model's registered tensors.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <c10/util/Type.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+
+#include "../any_tensordict.hpp"
+#include "../errors.hpp"
+#include "../modules/adapter.hpp"
+#include "module_access.hpp"
+
+namespace tensordict {
+
+namespace detail {
+
+// Where leaf i of a module's schema lives: the member that the forward reads,
+// and the module whose registry holds it under `name`.
+struct module_slot {
+  at::Tensor* member = nullptr;
+  torch::nn::Module* owner = nullptr;
+  std::string_view name;
+};
+
+template <class Impl, class... Members>
+void collect_slots(Impl& m, module_slot*& out, nn::member_list<Members...>) {
+  auto visit = [&]<class Member>(std::type_identity<Member>) {
+    if constexpr (nn::detail::is_tensor_member<Impl, Member>) {
+      *out++ = module_slot{&typename Member::getter{}(m), &m, Member::name.view()};
+    } else {
+      using sub = nn::detail::submodule_t<Impl, Member>;
+      if constexpr (nn::schema_of<sub>::leaf_count > 0)
+        collect_slots(nn::detail::submodule<Impl, Member>(m), out, typename nn::detail::members_of_impl<sub>::type{});
+    }
+  };
+  (visit(std::type_identity<Members>{}), ...);
+}
+
+template <class Impl>
+std::array<module_slot, nn::schema_of<Impl>::leaf_count> slots_of(Impl& m) {
+  std::array<module_slot, nn::schema_of<Impl>::leaf_count> slots{};
+  module_slot* out = slots.data();
+  collect_slots(m, out, typename nn::detail::members_of_impl<Impl>::type{});
+  return slots;
+}
+
+// The registry entry of a slot (a parameter or a buffer), or nullptr.
+inline at::Tensor* registry_entry(const module_slot& slot) {
+  const std::string name(slot.name);
+  if (at::Tensor* p = module_parameters(*slot.owner).find(name)) return p;
+  return module_buffers(*slot.owner).find(name);
+}
+
+// The module behind a holder (torch::nn::Linear), a shared_ptr, or the module
+// itself. Holders are shared handles: a const one still names a mutable module.
+template <class M>
+nn::impl_of_t<M>& impl_ref(M&& m) {
+  if constexpr (requires { m.ptr(); })
+    return *m.ptr();
+  else if constexpr (requires { m.get(); *m; })
+    return *m;
+  else
+    return const_cast<nn::impl_of_t<M>&>(m);
+}
+
+// Every registered tensor of the module must be a leaf of its schema: a
+// member forgotten in TENSORDICT_MODULE would otherwise be silently ignored.
+template <class Impl>
+void check_registry_matches_schema(const Impl& m) {
+  using S = nn::schema_of<Impl>;
+  std::vector<std::string> known;
+  known.reserve(S::leaf_count);
+  for (std::size_t i = 0; i < S::leaf_count; ++i) known.push_back(leaf_path<S>(i).join("."));
+  std::string unknown;
+  auto check = [&](const torch::OrderedDict<std::string, at::Tensor>& registry, const char* kind) {
+    for (const auto& item : registry)
+      if (std::find(known.begin(), known.end(), item.key()) == known.end())
+        unknown += std::string(unknown.empty() ? "" : ", ") + kind + " \"" + item.key() + "\"";
+  };
+  check(m.named_parameters(true), "parameter");
+  check(m.named_buffers(true), "buffer");
+  if (!unknown.empty())
+    throw key_error("tensordict::from_module: the module registered " + unknown +
+                    " that its schema does not know. Name every tensor and sub-module member in TENSORDICT_MODULE.");
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// The torch::nn::Module behind a holder, a shared_ptr, an AnyModule, or a reference.
+template <class M>
+torch::nn::Module& dynamic_ref(M&& m) {
+  using T = std::remove_cvref_t<M>;
+  if constexpr (std::is_same_v<T, torch::nn::AnyModule>) {
+    if (m.is_empty()) throw value_error("tensordict: the AnyModule is empty");
+    return *m.ptr();
+  } else if constexpr (requires { m.ptr(); }) {
+    return *m.ptr();
+  } else if constexpr (requires { m.get(); *m; }) {
+    return *m;
+  } else {
+    return const_cast<torch::nn::Module&>(static_cast<const torch::nn::Module&>(m));
+  }
+}
+
+inline std::string module_type_name(const torch::nn::Module& m) { return c10::demangle(typeid(m).name()); }
+
+inline std::string where(const any_key_path& path) { return path.empty() ? "the root module" : to_string(path); }
+
+inline void collect(const torch::nn::Module& m, AnyTensorDict& out, any_key_path& path) {
+  auto add = [&](const torch::OrderedDict<std::string, at::Tensor>& tensors) {
+    for (const auto& item : tensors) {
+      if (!item.value().defined()) continue;  // a Linear built with bias(false)
+      path.push_back(item.key());
+      out.set(path, item.value());
+      path.pop_back();
+    }
+  };
+  add(m.named_parameters(false));
+  add(m.named_buffers(false));
+  for (const auto& child : m.named_children()) {
+    path.push_back(child.key());
+    collect(*child.value(), out, path);
+    path.pop_back();
+  }
+}
+
+}  // namespace detail
+}  // namespace tensordict

@@ -1,0 +1,40 @@
+// The adapter of the activation with a parameter: PReLU, schema {weight}.
+// (The activations without tensors are in parameter_free.hpp.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/where.h>
+#include <torch/nn/modules/activation.h>
+
+#include "adapter.hpp"
+
+namespace tensordict::nn {
+
+namespace detail {
+using activation_family = type_list<torch::nn::PReLUImpl>;
+}  // namespace detail
+
+TENSORDICT_DETAIL_TENSORS(torch::nn::PReLUImpl, TENSORDICT_DETAIL_TENSOR(torch::nn::PReLUImpl, weight))
+
+template <>
+struct functional<torch::nn::PReLUImpl> {
+  static constexpr bool is_functional = true;
+  // at::prelu's value, written element-wise: functorch's batching rule for
+  // prelu refuses stacked weights of one parameter (libtorch 1.13).
+  static at::Tensor forward(const torch::nn::PReLUImpl&, const TensorDict<schema_of<torch::nn::PReLUImpl>>& p,
+                            const at::Tensor& x) {
+    at::Tensor w = p.leaf(0);
+    if (w.numel() > 1 && x.dim() >= 2) {  // one weight per channel, dim 1
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
+      shape[1] = w.numel();
+      w = w.view(shape);
+    }
+    return at::where(x > 0, x, x * w);
+  }
+};
+
+}  // namespace tensordict::nn

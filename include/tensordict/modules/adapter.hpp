@@ -1,0 +1,340 @@
+// What the library knows about one module type, and how to teach it a new
+// one. An adapter is up to three specializations side by side, in one header
+// per family of module types under modules/:
+//   module_traits<Impl>  its tensors and sub-modules by registered name (its
+//                        key schema, schema_of<Impl>); TENSORDICT_MODULE
+//                        writes it for a user module;
+//   functional<Impl>     its forward computed from a TensorDict, without
+//                        touching the module (threads may share the module);
+//   batched<Impl>        its forward for N stacked parameter sets at once,
+//                        lowered to batched libtorch ops (functional_vmap).
+// The verbs (from_module.hpp, to_module.hpp, from_modules.hpp,
+// functional_call.hpp, functional_vmap.hpp) and the run-time registry
+// (module_registry.hpp) read only these.
+//
+//   using S = tensordict::nn::schema_of<torch::nn::LinearImpl>;   // {weight, bias}
+//
+// A user module names its members once with TENSORDICT_MODULE (a
+// BOOST_HANA_ADAPT_STRUCT), and its schema follows from the members' types:
+// at::Tensor members are leaves, module holders are sub-trees, sub-modules
+// without tensors are left out (as the reference's filter_empty).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/adapt_struct.hpp>
+#include <boost/hana/at.hpp>
+#include <boost/hana/concept/struct.hpp>
+#include <boost/hana/first.hpp>
+#include <boost/hana/length.hpp>
+#include <boost/hana/second.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "../keys.hpp"
+#include "../schema.hpp"
+#include "../typed_tensordict.hpp"
+#include "../vmap.hpp"
+
+// Names the members of a user module once:
+//   struct NetImpl : torch::nn::Module { torch::nn::Linear fc{nullptr}; at::Tensor scale; ... };
+//   TENSORDICT_MODULE(NetImpl, fc, scale);
+// Each name must be the one the module registered. Use it at global scope.
+#define TENSORDICT_MODULE(Type, ...) BOOST_HANA_ADAPT_STRUCT(Type, __VA_ARGS__)
+
+namespace torch::nn {
+class SequentialImpl;
+class Sequential;
+class ModuleListImpl;
+class ModuleList;
+class ModuleDictImpl;
+class ModuleDict;
+class AnyModule;
+}  // namespace torch::nn
+
+namespace tensordict::nn {
+
+// One member of a module type: its key and a stateless getter that returns
+// a reference to the member (an at::Tensor, a module holder or a shared_ptr).
+template <key Name, class Getter>
+struct member {
+  static constexpr auto name = Name;
+  using getter = Getter;
+};
+
+template <auto Pointer>
+struct member_pointer {
+  template <class Impl>
+  decltype(auto) operator()(Impl& m) const {
+    return (m.*Pointer);
+  }
+};
+
+template <class... Members>
+struct member_list {};
+
+// module_traits<Impl>::members lists Impl's tensors and sub-modules in
+// registration order. Specialize it, or use TENSORDICT_MODULE.
+template <class Impl>
+struct module_traits;
+
+template <class Impl>
+  requires boost::hana::Struct<Impl>::value
+struct module_traits<Impl> {
+  using accessors = decltype(boost::hana::accessors<Impl>());
+  template <std::size_t I>
+  using pair_at = std::remove_cvref_t<decltype(boost::hana::at_c<I>(std::declval<accessors>()))>;
+  template <std::size_t... I>
+  static auto make(std::index_sequence<I...>)
+      -> member_list<member<from_hana_string(std::remove_cvref_t<decltype(boost::hana::first(std::declval<pair_at<I>>()))>{}),
+                            std::remove_cvref_t<decltype(boost::hana::second(std::declval<pair_at<I>>()))>>...>;
+  using members = decltype(make(std::make_index_sequence<decltype(boost::hana::length(std::declval<accessors>()))::value>{}));
+};
+
+template <class Impl>
+concept described_module = requires { typename module_traits<Impl>::members; };
+
+namespace detail {
+
+// What a member is: a tensor, or a sub-module (through a holder or a shared_ptr).
+template <class T>
+struct submodule_of {
+  using type = void;
+};
+template <class Contained>
+struct submodule_of<torch::nn::ModuleHolder<Contained>> {
+  using type = Contained;
+};
+template <class T>
+  requires std::is_base_of_v<torch::nn::Module, T>
+struct submodule_of<std::shared_ptr<T>> {
+  using type = T;
+};
+template <class T>
+  requires requires { typename T::ContainedType; } && std::is_base_of_v<torch::nn::ModuleHolder<typename T::ContainedType>, T>
+struct submodule_of<T> {
+  using type = typename T::ContainedType;
+};
+
+template <class Impl, class Member>
+using member_type = std::remove_cvref_t<decltype(typename Member::getter{}(std::declval<Impl&>()))>;
+
+template <class Impl, class Member>
+inline constexpr bool is_tensor_member = std::is_same_v<member_type<Impl, Member>, at::Tensor>;
+
+template <class Impl, class Member>
+using submodule_t = typename submodule_of<member_type<Impl, Member>>::type;
+
+template <class Impl, class Member>
+decltype(auto) submodule(Impl& m) {
+  auto& held = typename Member::getter{}(m);
+  if constexpr (requires { held.ptr(); })
+    return *held.ptr();  // ModuleHolder
+  else
+    return *held;  // shared_ptr
+}
+
+template <class T>
+struct members_of_impl {
+  static_assert(described_module<T>,
+                "tensordict::nn: this module type has no schema. Name its members once with "
+                "TENSORDICT_MODULE(Type, member, ...) at global scope, or specialize "
+                "tensordict::nn::module_traits<Type>.");
+  using type = member_list<>;
+};
+template <described_module T>
+struct members_of_impl<T> {
+  using type = typename module_traits<T>::members;
+};
+
+template <class Impl, class Member>
+struct field_of;
+
+template <class... Fields>
+struct schema_from_tuple;
+template <class... Fields>
+struct schema_from_tuple<std::tuple<Fields...>> {
+  using type = schema<Fields...>;
+};
+
+template <class Impl, class Members>
+struct schema_of_impl;
+template <class Impl, class... Members>
+struct schema_of_impl<Impl, member_list<Members...>> {
+  using type = typename schema_from_tuple<decltype(std::tuple_cat(std::declval<typename field_of<Impl, Members>::type>()...))>::type;
+};
+
+}  // namespace detail
+
+// The schema of a module type.
+template <class Impl>
+using schema_of = typename detail::schema_of_impl<Impl, typename detail::members_of_impl<Impl>::type>::type;
+
+namespace detail {
+template <class Impl, class Member>
+struct field_of {
+  static auto pick() {
+    if constexpr (is_tensor_member<Impl, Member>) {
+      return std::type_identity<std::tuple<field<Member::name, tensor_leaf>>>{};
+    } else {
+      using sub = submodule_t<Impl, Member>;
+      static_assert(!std::is_void_v<sub>,
+                    "tensordict::nn: a module member named in TENSORDICT_MODULE is neither an at::Tensor nor a "
+                    "module (a ModuleHolder such as torch::nn::Linear, or a std::shared_ptr to a module).");
+      if constexpr (std::is_void_v<sub>)
+        return std::type_identity<std::tuple<>>{};
+      else if constexpr (schema_of<sub>::leaf_count == 0)
+        return std::type_identity<std::tuple<>>{};  // no tensors: left out, as filter_empty
+      else
+        return std::type_identity<std::tuple<field<Member::name, schema_of<sub>>>>{};
+    }
+  }
+  using type = typename decltype(pick())::type;
+};
+}  // namespace detail
+
+namespace detail {
+template <class... Impl>
+struct type_list {};
+
+template <class T, class List>
+inline constexpr bool in_list_v = false;
+template <class T, class... Ts>
+inline constexpr bool in_list_v<T, type_list<Ts...>> = (std::is_same_v<T, Ts> || ...);
+
+template <class... Lists>
+struct concat_lists;
+template <>
+struct concat_lists<> {
+  using type = type_list<>;
+};
+template <class... A>
+struct concat_lists<type_list<A...>> {
+  using type = type_list<A...>;
+};
+template <class... A, class... B, class... Rest>
+struct concat_lists<type_list<A...>, type_list<B...>, Rest...> {
+  using type = typename concat_lists<type_list<A..., B...>, Rest...>::type;
+};
+}  // namespace detail
+
+// The built-in adapters describe their types with these (a type's members,
+// then its weight and bias; not for user code: use TENSORDICT_MODULE).
+#define TENSORDICT_DETAIL_TENSORS(Impl, ...) \
+  template <>                                \
+  struct module_traits<Impl> {               \
+    using members = member_list<__VA_ARGS__>; \
+  };
+#define TENSORDICT_DETAIL_TENSOR(Impl, name) member<#name, member_pointer<&Impl::name>>
+
+#define TENSORDICT_DETAIL_WEIGHT_BIAS(Impl) \
+  TENSORDICT_DETAIL_TENSORS(Impl, TENSORDICT_DETAIL_TENSOR(Impl, weight), TENSORDICT_DETAIL_TENSOR(Impl, bias))
+
+// The module type behind a holder, a shared_ptr or a module itself.
+// The types whose structure is only known at run time: their functional
+// calls take an AnyTensorDict, not a typed one.
+template <class M>
+inline constexpr bool is_dynamic_module_v =
+    std::is_same_v<M, torch::nn::Module> || std::is_same_v<M, torch::nn::SequentialImpl> ||
+    std::is_same_v<M, torch::nn::Sequential> || std::is_same_v<M, torch::nn::ModuleListImpl> ||
+    std::is_same_v<M, torch::nn::ModuleList> || std::is_same_v<M, torch::nn::ModuleDictImpl> ||
+    std::is_same_v<M, torch::nn::ModuleDict> || std::is_same_v<M, torch::nn::AnyModule>;
+template <class T>
+inline constexpr bool is_dynamic_module_v<std::shared_ptr<T>> = is_dynamic_module_v<T>;
+
+template <class M>
+concept dynamic_module = is_dynamic_module_v<std::remove_cvref_t<M>>;
+
+template <class M>
+struct impl_of {
+  using type = M;
+};
+template <class M>
+  requires requires { typename M::ContainedType; }
+struct impl_of<M> {
+  using type = typename M::ContainedType;
+};
+template <class T>
+struct impl_of<std::shared_ptr<T>> {
+  using type = T;
+};
+template <class M>
+using impl_of_t = typename impl_of<std::remove_cvref_t<M>>::type;
+
+
+// ---- functional forms -------------------------------------------------------
+
+// functional<Impl>::forward(module, params, inputs...) computes the module's
+// forward with the given parameters without touching the module's tensors,
+// so that threads can share one module. Specialize it for your own modules.
+template <class Impl>
+struct functional;
+
+template <class Impl>
+concept has_functional_form = requires { functional<Impl>::is_functional; };
+
+// Modules without tensors compute the same whatever the parameters.
+template <class Impl>
+  requires(schema_of<Impl>::leaf_count == 0 && !requires { typename Impl::is_sequential; })
+struct functional<Impl> {
+  static constexpr bool is_functional = true;
+  template <class... Args>
+  static auto forward(Impl& m, const TensorDict<schema<>>&, Args&&... args) {
+    return m.forward(std::forward<Args>(args)...);
+  }
+};
+
+// ---- batched forms ----------------------------------------------------------
+
+// A value flowing through a lowered module: when `mapped`, dim 0 indexes the
+// sets; otherwise every set sees the same value.
+struct stacked {
+  at::Tensor value;
+  bool mapped = false;
+};
+
+struct batch_context {
+  std::int64_t sets = 0;
+  tensordict::randomness randomness = tensordict::randomness::error;
+};
+
+// batched<Impl>::forward(module, params with a leading sets dim, input, context).
+template <class Impl>
+struct batched;
+
+template <class Impl>
+concept has_batched_form = requires { batched<Impl>::is_batched; };
+
+namespace detail {
+inline at::Tensor expand_sets(const stacked& x, std::int64_t sets) {
+  if (x.mapped) return x.value;
+  std::vector<std::int64_t> sizes{sets};
+  sizes.insert(sizes.end(), x.value.sizes().begin(), x.value.sizes().end());
+  return x.value.unsqueeze(0).expand(sizes);
+}
+
+// Shapes a [sets, k] parameter so it broadcasts against a [sets, ..., k] value of `dims` dims.
+inline at::Tensor per_set(const at::Tensor& p, std::int64_t value_dims, std::int64_t trailing) {
+  std::vector<std::int64_t> shape{p.size(0)};
+  for (std::int64_t d = 1; d < value_dims - trailing; ++d) shape.push_back(1);
+  shape.insert(shape.end(), p.sizes().begin() + 1, p.sizes().end());
+  return p.view(shape);
+}
+}  // namespace detail
+
+// Modules that take dims (Softmax(dim=1), Flatten(1, -1)): on a mapped value
+// a dim counted from the front moves past the sets dim.
+namespace detail {
+inline std::int64_t past_sets(std::int64_t dim, bool mapped) { return mapped && dim >= 0 ? dim + 1 : dim; }
+}  // namespace detail
+
+}  // namespace tensordict::nn

@@ -1,0 +1,31 @@
+// Every built-in adapter, and their list: the run-time registry
+// (module_registry.hpp) knows each type of each family's list. A family is
+// one header here; a type is added to its family's list beside its adapter.
+#pragma once
+
+#include <type_traits>
+
+#include "activation.hpp"
+#include "adapter.hpp"
+#include "conv.hpp"
+#include "embedding.hpp"
+#include "linear.hpp"
+#include "normalization.hpp"
+#include "parameter_free.hpp"
+#include "recurrent.hpp"
+#include "sequential.hpp"
+
+namespace tensordict::nn::detail {
+
+using builtin_modules = typename concat_lists<linear_family, conv_family, normalization_family, embedding_family,
+                                              activation_family, recurrent_family, parameter_free_family>::type;
+
+// A type in a family's list has a schema and a functional form (its adapter).
+template <class... Impl>
+constexpr bool every_adapter_complete(type_list<Impl...>) {
+  return ((described_module<Impl> && has_functional_form<Impl>) && ...);
+}
+static_assert(every_adapter_complete(builtin_modules{}),
+              "tensordict: a built-in family lists a module type without a schema or a functional form");
+
+}  // namespace tensordict::nn::detail

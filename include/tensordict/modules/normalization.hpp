@@ -1,0 +1,139 @@
+// The adapters of the normalizations: LayerNorm and GroupNorm ({weight,
+// bias}), BatchNorm1d/2d/3d and InstanceNorm1d/2d/3d ({weight, bias,
+// running_mean, running_var, num_batches_tracked}, unset where the options
+// leave them out). Batched forms: LayerNorm, and BatchNorm in eval.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/group_norm.h>
+#include <ATen/ops/layer_norm.h>
+#include <torch/nn/functional/batchnorm.h>
+#include <torch/nn/functional/instancenorm.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/instancenorm.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "adapter.hpp"
+
+namespace tensordict::nn {
+
+namespace detail {
+using normalization_family = type_list<torch::nn::LayerNormImpl, torch::nn::GroupNormImpl, torch::nn::BatchNorm1dImpl,
+                                       torch::nn::BatchNorm2dImpl, torch::nn::BatchNorm3dImpl, torch::nn::InstanceNorm1dImpl,
+                                       torch::nn::InstanceNorm2dImpl, torch::nn::InstanceNorm3dImpl>;
+}  // namespace detail
+
+TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::LayerNormImpl)
+TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::GroupNormImpl)
+#define TENSORDICT_DETAIL_BATCHNORM(Impl)                                                                            \
+  TENSORDICT_DETAIL_TENSORS(Impl, TENSORDICT_DETAIL_TENSOR(Impl, weight), TENSORDICT_DETAIL_TENSOR(Impl, bias),       \
+                            TENSORDICT_DETAIL_TENSOR(Impl, running_mean), TENSORDICT_DETAIL_TENSOR(Impl, running_var), \
+                            TENSORDICT_DETAIL_TENSOR(Impl, num_batches_tracked))
+TENSORDICT_DETAIL_BATCHNORM(torch::nn::BatchNorm1dImpl)
+TENSORDICT_DETAIL_BATCHNORM(torch::nn::BatchNorm2dImpl)
+TENSORDICT_DETAIL_BATCHNORM(torch::nn::BatchNorm3dImpl)
+TENSORDICT_DETAIL_BATCHNORM(torch::nn::InstanceNorm1dImpl)
+TENSORDICT_DETAIL_BATCHNORM(torch::nn::InstanceNorm2dImpl)
+TENSORDICT_DETAIL_BATCHNORM(torch::nn::InstanceNorm3dImpl)
+#undef TENSORDICT_DETAIL_BATCHNORM
+
+template <class Impl>
+  requires std::is_same_v<Impl, torch::nn::BatchNorm1dImpl> || std::is_same_v<Impl, torch::nn::BatchNorm2dImpl> ||
+           std::is_same_v<Impl, torch::nn::BatchNorm3dImpl>
+struct functional<Impl> {
+  static constexpr bool is_functional = true;
+  // As BatchNormImplBase::forward: in training with running stats, the
+  // TensorDict's buffers are updated in place, as Python's functional_call does.
+  static at::Tensor forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const at::Tensor& x) {
+    const auto& o = m.options;
+    double momentum = o.momentum().value_or(0.0);
+    const at::Tensor& tracked = p.leaf(4);
+    if (m.is_training() && o.track_running_stats() && tracked.defined()) {
+      tracked.add_(1);
+      if (!o.momentum()) momentum = 1.0 / tracked.template item<double>();
+    }
+    return torch::nn::functional::detail::batch_norm(x, p.leaf(2), p.leaf(3), p.leaf(0), p.leaf(1),
+                                                     m.is_training() || !o.track_running_stats(), momentum, o.eps());
+  }
+};
+
+template <class Impl>
+  requires std::is_same_v<Impl, torch::nn::InstanceNorm1dImpl> || std::is_same_v<Impl, torch::nn::InstanceNorm2dImpl> ||
+           std::is_same_v<Impl, torch::nn::InstanceNorm3dImpl>
+struct functional<Impl> {
+  static constexpr bool is_functional = true;
+  // As InstanceNormImpl::forward: with running stats in training, the
+  // TensorDict's buffers are updated in place.
+  static at::Tensor forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const at::Tensor& x) {
+    constexpr std::int64_t unbatched_dims = std::is_same_v<Impl, torch::nn::InstanceNorm1dImpl>   ? 2
+                                            : std::is_same_v<Impl, torch::nn::InstanceNorm2dImpl> ? 3
+                                                                                                    : 4;
+    const auto& o = m.options;
+    auto norm = [&](const at::Tensor& input) {
+      return torch::nn::functional::detail::instance_norm(input, p.leaf(2), p.leaf(3), p.leaf(0), p.leaf(1),
+                                                          m.is_training() || !o.track_running_stats(), o.momentum(), o.eps());
+    };
+    return x.dim() == unbatched_dims ? norm(x.unsqueeze(0)).squeeze(0) : norm(x);
+  }
+};
+
+template <>
+struct functional<torch::nn::LayerNormImpl> {
+  static constexpr bool is_functional = true;
+  static at::Tensor forward(const torch::nn::LayerNormImpl& m, const TensorDict<schema_of<torch::nn::LayerNormImpl>>& p,
+                            const at::Tensor& x) {
+    return at::layer_norm(x, m.options.normalized_shape(), p.leaf(0), p.leaf(1), m.options.eps());
+  }
+};
+
+template <>
+struct functional<torch::nn::GroupNormImpl> {
+  static constexpr bool is_functional = true;
+  static at::Tensor forward(const torch::nn::GroupNormImpl& m, const TensorDict<schema_of<torch::nn::GroupNormImpl>>& p,
+                            const at::Tensor& x) {
+    return at::group_norm(x, m.options.num_groups(), p.leaf(0), p.leaf(1), m.options.eps());
+  }
+};
+
+template <>
+struct batched<torch::nn::LayerNormImpl> {
+  static constexpr bool is_batched = true;
+  static stacked forward(const torch::nn::LayerNormImpl& m, const TensorDict<schema_of<torch::nn::LayerNormImpl>>& p,
+                         const stacked& x, const batch_context& ctx) {
+    const auto& shape = m.options.normalized_shape();
+    at::Tensor y = at::layer_norm(x.value, shape, {}, {}, m.options.eps());  // over trailing dims: same for every set
+    if (!p.leaf(0).defined()) return {y, x.mapped};
+    at::Tensor v = detail::expand_sets({y, x.mapped}, ctx.sets);
+    const auto trailing = static_cast<std::int64_t>(shape.size());
+    v = v * detail::per_set(p.leaf(0), v.dim(), trailing);
+    if (p.leaf(1).defined()) v = v + detail::per_set(p.leaf(1), v.dim(), trailing);
+    return {v, true};
+  }
+};
+
+template <class Impl>
+  requires std::is_same_v<Impl, torch::nn::BatchNorm1dImpl> || std::is_same_v<Impl, torch::nn::BatchNorm2dImpl> ||
+           std::is_same_v<Impl, torch::nn::BatchNorm3dImpl>
+struct batched<Impl> {
+  static constexpr bool is_batched = true;
+  // Running statistics only: in training, batch statistics and their updates go through vmap.
+  static bool supports(const Impl& m) { return !m.is_training() && m.options.track_running_stats(); }
+  static stacked forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
+    at::Tensor v = detail::expand_sets(x, ctx.sets);  // [sets, N, C, ...]
+    auto view = [&](const at::Tensor& t) {
+      std::vector<std::int64_t> shape{ctx.sets, 1, t.size(1)};
+      for (std::int64_t d = 3; d < v.dim(); ++d) shape.push_back(1);
+      return t.view(shape);
+    };
+    at::Tensor y = (v - view(p.leaf(2))) * view((p.leaf(3) + m.options.eps()).rsqrt());
+    if (p.leaf(0).defined()) y = y * view(p.leaf(0));
+    if (p.leaf(1).defined()) y = y + view(p.leaf(1));
+    return {y, true};
+  }
+};
+
+}  // namespace tensordict::nn

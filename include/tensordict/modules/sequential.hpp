@@ -1,0 +1,216 @@
+// The adapter of tensordict::nn::Sequential, a torch::nn::Module whose
+// children are typed (dlib's networks as types): its schema is its children's
+// under "0", "1", ...; its functional and batched forms chain the children's.
+//
+//   tensordict::nn::Sequential<torch::nn::Linear, torch::nn::ReLU, torch::nn::Linear> net(...);
+//   // schema_of<decltype(net)::Impl> is {0: {weight, bias}, 2: {weight, bias}}
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "adapter.hpp"
+
+namespace tensordict::nn {
+
+// ---- a typed sequential container ------------------------------------------
+
+// A torch::nn::Module whose children are typed: registered as "0", "1", ...
+// (the names of Python's nn.Sequential), forward chains them.
+template <class... Holders>
+class SequentialImpl : public torch::nn::Module {
+  static_assert(sizeof...(Holders) > 0, "tensordict::nn::Sequential needs at least one module.");
+
+ public:
+  using is_sequential = void;
+
+  explicit SequentialImpl(Holders... children) : children_(std::move(children)...) {
+    register_children(std::index_sequence_for<Holders...>{});
+  }
+
+  template <class Input>
+  at::Tensor forward(Input&& input) {
+    return chain<0>(std::forward<Input>(input));
+  }
+
+  template <std::size_t I>
+  auto& child() {
+    return std::get<I>(children_);
+  }
+  template <std::size_t I>
+  const auto& child() const {
+    return std::get<I>(children_);
+  }
+
+  static constexpr std::size_t size() { return sizeof...(Holders); }
+
+ private:
+  template <std::size_t... I>
+  void register_children(std::index_sequence<I...>) {
+    ((std::get<I>(children_) = register_module(std::to_string(I), std::get<I>(children_))), ...);
+  }
+
+  template <std::size_t I, class Input>
+  at::Tensor chain(Input&& input) {
+    if constexpr (I + 1 == sizeof...(Holders))
+      return std::get<I>(children_)->forward(std::forward<Input>(input));
+    else
+      return chain<I + 1>(std::get<I>(children_)->forward(std::forward<Input>(input)));
+  }
+
+  std::tuple<Holders...> children_;
+};
+
+template <class... Holders>
+class Sequential : public torch::nn::ModuleHolder<SequentialImpl<Holders...>> {
+ public:
+  using torch::nn::ModuleHolder<SequentialImpl<Holders...>>::ModuleHolder;
+  using Impl = SequentialImpl<Holders...>;
+};
+
+namespace detail {
+// "0", "1", ... "99" as compile-time keys.
+template <std::size_t I>
+constexpr auto index_key() {
+  if constexpr (I < 10) {
+    key<1> k{};
+    k.chars[0] = static_cast<char>('0' + I);
+    return k;
+  } else {
+    static_assert(I < 100, "tensordict::nn::Sequential holds at most 100 modules.");
+    key<2> k{};
+    k.chars[0] = static_cast<char>('0' + I / 10);
+    k.chars[1] = static_cast<char>('0' + I % 10);
+    return k;
+  }
+}
+
+template <std::size_t I>
+struct child_getter {
+  template <class Impl>
+  auto& operator()(Impl& m) const {
+    return m.template child<I>();
+  }
+};
+
+template <class Indices, class... Holders>
+struct sequential_members;
+template <std::size_t... I, class... Holders>
+struct sequential_members<std::index_sequence<I...>, Holders...> {
+  using type = member_list<member<index_key<I>(), child_getter<I>>...>;
+};
+}  // namespace detail
+
+template <class... Holders>
+struct module_traits<SequentialImpl<Holders...>> {
+  using members = typename detail::sequential_members<std::index_sequence_for<Holders...>, Holders...>::type;
+};
+
+}  // namespace tensordict::nn
+
+namespace tensordict {
+
+// Defined in functional_call.hpp and functional_vmap.hpp: the chain calls
+// them for its children.
+template <class Module, class S, class... Args>
+  requires(!nn::dynamic_module<Module>)
+auto functional_call(Module&& module, const TensorDict<S>& params, Args&&... args);
+namespace nn {
+template <class Impl, class S>
+stacked call_stacked(Impl& m, const TensorDict<S>& p, const stacked& x, const batch_context& ctx);
+}  // namespace nn
+
+namespace nn {
+namespace detail {
+// The params of child I of a typed sequential: its sub-tree, or nothing.
+template <std::size_t I, class S>
+auto child_params(const TensorDict<S>& p) {
+  constexpr auto name = ::tensordict::nn::detail::index_key<I>();
+  if constexpr (S::find(name.view()) == npos)
+    return TensorDict<schema<>>();
+  else
+    return p.template get<name>();
+}
+}  // namespace detail
+
+template <class... Holders>
+struct functional<SequentialImpl<Holders...>> {
+  static constexpr bool is_functional = true;
+  template <class Input>
+  static at::Tensor forward(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
+                            Input&& input) {
+    return chain<0>(m, p, std::forward<Input>(input));
+  }
+
+ private:
+  template <std::size_t I, class Input>
+  static at::Tensor chain(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
+                          Input&& input) {
+    auto& child = m.template child<I>();
+    at::Tensor out = call_child(child, detail::child_params<I>(p), std::forward<Input>(input));
+    if constexpr (I + 1 == sizeof...(Holders))
+      return out;
+    else
+      return chain<I + 1>(m, p, std::move(out));
+  }
+
+  template <class Child, class CS, class Input>
+  static at::Tensor call_child(Child& child, const TensorDict<CS>& params, Input&& input) {
+    using ChildImpl = impl_of_t<Child>;
+    if constexpr (schema_of<ChildImpl>::leaf_count == 0)
+      return child->forward(std::forward<Input>(input));
+    else
+      return ::tensordict::functional_call(child, params, std::forward<Input>(input));
+  }
+};
+// Whether functional_call swaps tensors into a module of type Impl (true) or
+// computes without touching it (false): a module with tensors and no
+// functional form, or a typed Sequential with such a child.
+template <class Impl>
+struct touches_module : std::bool_constant<schema_of<Impl>::leaf_count != 0 && !has_functional_form<Impl>> {};
+template <class... Holders>
+struct touches_module<SequentialImpl<Holders...>> : std::disjunction<touches_module<impl_of_t<Holders>>...> {};
+template <class Impl>
+inline constexpr bool touches_module_v = touches_module<Impl>::value;
+}  // namespace nn
+
+namespace nn {
+template <class... Holders>
+struct batched<SequentialImpl<Holders...>> {
+  static constexpr bool is_batched = true;
+  static stacked forward(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
+                         const stacked& x, const batch_context& ctx) {
+    return chain<0>(m, p, x, ctx);
+  }
+
+ private:
+  template <std::size_t I>
+  static stacked chain(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
+                       const stacked& x, const batch_context& ctx) {
+    auto& child = *m.template child<I>();
+    stacked out = call_stacked(child, detail::child_params<I>(p), x, ctx);
+    if constexpr (I + 1 == sizeof...(Holders))
+      return out;
+    else
+      return chain<I + 1>(m, p, out, ctx);
+  }
+};
+
+// Whether every module of the type has a batched form (each is then used
+// when its options allow: Conv2d with zero padding, BatchNorm in eval, ...).
+template <class Impl>
+constexpr bool fully_lowered() {
+  if constexpr (requires { typename Impl::is_sequential; }) {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (fully_lowered<impl_of_t<std::remove_cvref_t<decltype(std::declval<Impl&>().template child<I>())>>>() && ...);
+    }(std::make_index_sequence<Impl::size()>{});
+  } else {
+    return has_batched_form<Impl>;
+  }
+}
+}  // namespace nn
+
+}  // namespace tensordict
