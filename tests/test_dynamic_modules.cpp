@@ -235,6 +235,83 @@ TEST_CASE("dynamic functional_call and functional_vmap through the new adapters"
   for (int i = 0; i < 3; ++i) CHECK(at::allclose(ys[i], nets[i]->forward(x), 1e-5, 1e-6));
 }
 
+TEST_CASE("LSTM: from_module, to_module (the cached weights list follows and is restored), functional_call", "[dynamic_modules]") {
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(3, 5).num_layers(2).bidirectional(true).batch_first(true));
+  auto params = from_module(lstm);
+  CHECK(params.keys().size() == 16);  // 2 layers x 2 directions x {weight_ih, weight_hh, bias_ih, bias_hh}
+  CHECK(impl(params.get("weight_hh_l1_reverse")) == impl(lstm->named_parameters()["weight_hh_l1_reverse"]));
+  auto x = at::randn({4, 6, 3});
+  const at::Tensor y0 = std::get<0>(lstm->forward(x));
+
+  auto other = randn_like(params);
+  torch::nn::LSTM twin(lstm->options);  // holds `other` as its own values: what the swapped LSTM must compute
+  to_module_(other, twin);
+  auto [expected, expected_state] = twin->forward(x);
+  {
+    auto swap = to_module(other, lstm);
+    CHECK(impl(lstm->named_parameters()["weight_ih_l0"]) == impl(other.get("weight_ih_l0")));
+    CHECK(at::allclose(std::get<0>(lstm->forward(x)), expected));
+  }
+  CHECK(at::allclose(std::get<0>(lstm->forward(x)), y0));
+  CHECK(impl(from_module(lstm).get("weight_ih_l0")) == impl(params.get("weight_ih_l0")));
+
+  auto trainable = other.apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+  auto [y, state] = functional_call(lstm, trainable, x);
+  CHECK(at::allclose(y, expected, 1e-5, 1e-6));
+  CHECK(at::allclose(std::get<1>(state), std::get<1>(expected_state), 1e-5, 1e-6));
+  CHECK(at::allclose(std::get<0>(lstm->forward(x)), y0));  // the module untouched
+  y.sum().backward();
+  CHECK(trainable.get("weight_hh_l1_reverse").grad().defined());
+  CHECK_FALSE(params.get("weight_hh_l1_reverse").grad().defined());
+
+  // With a state given, unbatched, and with projections.
+  auto h = at::randn({4, 5}), c = at::randn({4, 5}), seq = at::randn({6, 3});
+  auto [yu, su] = functional_call(lstm, other, seq, std::make_tuple(h, c));  // unbatched (Python's; libtorch 1.13's forward refuses it)
+  auto [tu, tsu] = twin->forward(seq.unsqueeze(0), std::make_tuple(h.unsqueeze(1), c.unsqueeze(1)));
+  CHECK(at::allclose(yu, tu.squeeze(0), 1e-5, 1e-6));
+  CHECK(at::allclose(std::get<0>(su), std::get<0>(tsu).squeeze(1), 1e-5, 1e-6));
+  torch::nn::LSTM proj(torch::nn::LSTMOptions(3, 6).proj_size(2));
+  auto proj_params = randn_like(from_module(proj));
+  CHECK(proj_params.contains("weight_hr_l0"));
+  torch::nn::LSTM proj_twin(proj->options);
+  to_module_(proj_params, proj_twin);
+  auto xs = at::randn({7, 2, 3});
+  CHECK(at::allclose(std::get<0>(functional_call(proj, proj_params, xs)), std::get<0>(proj_twin->forward(xs)), 1e-5, 1e-6));
+
+  // A wrong shape throws before anything changes, naming the key.
+  AnyTensorDict wrong = other.clone();
+  wrong.set("weight_ih_l0", at::randn({20, 4}));
+  CHECK_THROWS_WITH(to_module(wrong, lstm), Contains("\"weight_ih_l0\" is f32[20,4], but the module's tensor is f32[20,3]"));
+  CHECK(at::allclose(std::get<0>(lstm->forward(x)), y0));
+}
+
+TEST_CASE("GRU and RNN: functional_call and to_module follow the new weights; from_modules stacks them", "[dynamic_modules]") {
+  torch::nn::GRU gru(torch::nn::GRUOptions(3, 4).num_layers(2));
+  torch::nn::RNN rnn(torch::nn::RNNOptions(3, 4).nonlinearity(torch::kReLU).bias(false));
+  auto x = at::randn({5, 2, 3});
+  auto gru_params = randn_like(from_module(gru));
+  auto rnn_params = randn_like(from_module(rnn));
+  CHECK_FALSE(rnn_params.contains("bias_ih_l0"));
+  torch::nn::GRU gru_twin(gru->options);
+  torch::nn::RNN rnn_twin(rnn->options);
+  to_module_(gru_params, gru_twin);
+  to_module_(rnn_params, rnn_twin);
+  auto h = at::randn({2, 2, 4});
+  CHECK(at::allclose(std::get<0>(functional_call(gru, gru_params, x, h)), std::get<0>(gru_twin->forward(x, h)), 1e-5, 1e-6));
+  CHECK(at::allclose(std::get<1>(functional_call(rnn, rnn_params, x)), std::get<1>(rnn_twin->forward(x)), 1e-5, 1e-6));
+  {
+    auto swap = to_module(gru_params, gru);
+    CHECK(at::allclose(std::get<0>(gru->forward(x)), std::get<0>(gru_twin->forward(x)), 1e-5, 1e-6));
+  }
+
+  std::vector<torch::nn::GRU> grus{gru, gru_twin, torch::nn::GRU(gru->options)};
+  auto stacked = from_modules(grus);
+  CHECK(stacked.batch_size() == c10::IntArrayRef{3});
+  CHECK(at::equal(stacked.get("weight_ih_l1")[1], gru_params.get("weight_ih_l1")));
+  for (int i = 0; i < 3; ++i)
+    CHECK(at::allclose(std::get<0>(functional_call(grus[0], stacked[i], x)), std::get<0>(grus[i]->forward(x)), 1e-5, 1e-6));
+}
+
 TEST_CASE("dynamic calls take a typed TensorDict of the same keys", "[dynamic_modules]") {
   auto net = make_mlp();
   using linear = schema<leaf<"weight">, leaf<"bias">>;

@@ -23,7 +23,7 @@ namespace tensordict {
 // (The return type is deduced: clang would form TensorDict<schema_of<...>>
 // for a run-time module before its requires clause excludes this overload.)
 template <class Module>
-  requires(!nn::dynamic_module<Module>)
+  requires(!nn::dynamic_module<Module> && !nn::runtime_layout_module<Module>)
 auto from_module(Module&& module) {
   using Impl = nn::impl_of_t<Module>;
   auto& impl = detail::impl_ref(module);
@@ -37,7 +37,9 @@ auto from_module(Module&& module) {
 // The module's registered parameters and buffers, and its children's, as an
 // AnyTensorDict of the module's own tensors (batch_size []). Children without
 // tensors are left out, as in the typed form.
-template <nn::dynamic_module M>
+// (Also for a module type whose tensors are named by its options: an LSTM.)
+template <class M>
+  requires nn::dynamic_module<M> || nn::runtime_layout_module<M>
 AnyTensorDict from_module(M&& module) {
   AnyTensorDict out;
   any_key_path path;

@@ -52,7 +52,7 @@ inline at::Tensor stacked_leaf(const at::Tensor& stacked, c10::ArrayRef<at::Tens
 // The leaves are new tensors: gradients reach them, not the modules' own
 // (but see from_modules_options::expand_identical).
 template <class Module>
-  requires(!nn::dynamic_module<Module>)
+  requires(!nn::dynamic_module<Module> && !nn::runtime_layout_module<Module>)
 auto from_modules(const std::vector<Module>& modules, from_modules_options options = {}) {
   using S = nn::schema_of<nn::impl_of_t<Module>>;
   if (modules.empty()) throw shape_error("tensordict::from_modules: needs at least one module");
@@ -74,7 +74,7 @@ auto from_modules(const std::vector<Module>& modules, from_modules_options optio
 }
 
 template <class First, class... Rest>
-  requires(sizeof...(Rest) > 0 && !nn::dynamic_module<First>)
+  requires(sizeof...(Rest) > 0 && !nn::dynamic_module<First> && !nn::runtime_layout_module<First>)
 auto from_modules(const First& first, const Rest&... rest) {
   using F = nn::impl_of_t<First>;
   using mismatch = typename detail::first_mismatch<F, nn::impl_of_t<Rest>...>::type;
@@ -88,7 +88,8 @@ auto from_modules(const First& first, const Rest&... rest) {
 
 // The modules' tensors stacked along a new leading dim (batch_size [N]); new
 // leaves, as the typed from_modules.
-template <nn::dynamic_module M>
+template <class M>
+  requires nn::dynamic_module<M> || nn::runtime_layout_module<M>
 AnyTensorDict from_modules(const std::vector<M>& modules, from_modules_options options = {}) {
   if (modules.empty()) throw shape_error("tensordict::from_modules: needs at least one module");
   std::vector<AnyTensorDict> each;

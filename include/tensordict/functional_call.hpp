@@ -115,23 +115,31 @@ at::Tensor functional_call(M&& module, const AnyTensorDict& params, const at::Te
     return detail::dynamic_call(detail::dynamic_ref(module), nullptr, p, input);
 }
 
-// A module of a static type (a holder of a user module) with run-time params:
-// its registered functional form, or its forward with the tensors swapped in.
+// A module of a static type (a holder of a user module, an LSTM) with
+// run-time params: its functional form keyed at run time (RNN, LSTM, GRU),
+// its registered one, or its forward with the tensors swapped in.
 template <class M, class... Args>
   requires(!nn::dynamic_module<M> && std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>>)
 auto functional_call(M&& module, const AnyTensorDict& params, Args&&... args) {
+  using Impl = nn::impl_of_t<M>;
   auto& impl = detail::impl_ref(module);
   const AnyTensorDict p = detail::unflatten_if_flat(params);
-  if constexpr (sizeof...(Args) == 1 && (std::is_convertible_v<Args, at::Tensor> && ...)) {
-    auto kind = nn::detail::module_registry::instance().find(impl);
-    if (kind && kind->forward) {
-      (void)detail::resolve_targets(impl, p, 0, "tensordict::functional_call");
-      return at::Tensor(kind->forward(impl, detail::with_module_tensors(impl, p), args...));
+  if constexpr (nn::runtime_layout_module<M>) {
+    // A functional form keyed at run time (an LSTM's): the module is not touched.
+    (void)detail::resolve_targets(impl, p, 0, "tensordict::functional_call");
+    return nn::functional<Impl>::forward(impl, detail::with_module_tensors(impl, p), std::forward<Args>(args)...);
+  } else {
+    if constexpr (sizeof...(Args) == 1 && (std::is_convertible_v<Args, at::Tensor> && ...)) {
+      auto kind = nn::detail::module_registry::instance().find(impl);
+      if (kind && kind->forward) {
+        (void)detail::resolve_targets(impl, p, 0, "tensordict::functional_call");
+        return at::Tensor(kind->forward(impl, detail::with_module_tensors(impl, p), args...));
+      }
     }
+    std::lock_guard<std::recursive_mutex> serialized(::tensordict::detail::swap_call_lock());
+    dynamic_module_swap swap(impl, p, swap_mode::as_given, "tensordict::functional_call");
+    return impl.forward(std::forward<Args>(args)...);
   }
-  std::lock_guard<std::recursive_mutex> serialized(::tensordict::detail::swap_call_lock());
-  dynamic_module_swap swap(impl, p, swap_mode::as_given, "tensordict::functional_call");
-  return impl.forward(std::forward<Args>(args)...);
 }
 
 }  // namespace tensordict

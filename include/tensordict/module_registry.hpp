@@ -66,7 +66,11 @@ struct registered_type_without_schema {
 template <class Impl>
 module_kind kind_of() {
   module_kind kind;
-  if constexpr (!described_module<Impl>) {
+  if constexpr (runtime_layout_module<Impl>) {
+    kind.type_name = c10::demangle(typeid(Impl).name());
+    kind.members = [](torch::nn::Module& m) { return runtime_layout<Impl>::members(dynamic_cast<Impl&>(m)); };
+    return kind;
+  } else if constexpr (!described_module<Impl>) {
     ::tensordict::compile_error::report<compile_error::registered_type_without_schema<Impl>>();
     return kind;
   } else {
@@ -118,7 +122,10 @@ class module_registry {
     (add(typeid(Impl), kind_of<Impl>()), ...);
   }
 
-  module_registry() { add_builtins(builtin_modules{}); }
+  module_registry() {
+    add_builtins(builtin_modules{});
+    add_builtins(builtin_runtime_layout_modules{});
+  }
 
   mutable std::shared_mutex mutex_;
   std::unordered_map<std::type_index, std::shared_ptr<const module_kind>> kinds_;

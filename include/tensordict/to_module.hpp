@@ -143,7 +143,7 @@ decltype(auto) as_module_params(const TensorDict<S>& params) {
 // takes the requires_grad flag of the tensor it replaces unless mode is
 // swap_mode::as_given (see swap_mode).
 template <class Module, class S>
-  requires(!nn::dynamic_module<Module>)  // those take an AnyTensorDict (below)
+  requires(!nn::dynamic_module<Module> && !nn::runtime_layout_module<Module>)  // those take an AnyTensorDict (below)
 module_swap<nn::impl_of_t<Module>> to_module(const TensorDict<S>& params, Module&& module,
                                              swap_mode mode = swap_mode::keep_module_flags) {
   using Impl = nn::impl_of_t<Module>;
@@ -153,7 +153,7 @@ module_swap<nn::impl_of_t<Module>> to_module(const TensorDict<S>& params, Module
 // Copies the TensorDict's values into the module's own tensors (no swap, no
 // gradient tracking): the module keeps its tensors, with new values.
 template <class Module, class S>
-  requires(!nn::dynamic_module<Module>)
+  requires(!nn::dynamic_module<Module> && !nn::runtime_layout_module<Module>)
 void to_module_(const TensorDict<S>& params, Module&& module) {
   using Impl = nn::impl_of_t<Module>;
   decltype(auto) p = detail::as_module_params<Impl>(params);

@@ -14,6 +14,9 @@
 #include <c10/util/Type.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include "../any_tensordict.hpp"
 #include "../errors.hpp"

@@ -271,6 +271,20 @@ template <class M>
 using impl_of_t = typename impl_of<std::remove_cvref_t<M>>::type;
 
 
+// ---- module types whose tensors depend on their options ------------------------
+
+// runtime_layout<Impl>::members(module) lists the tensors that the forward of
+// a module of type Impl reads, by registered name, for a type whose names
+// depend on its options (an LSTM's layers and directions): no compile-time
+// schema, so its calls take an AnyTensorDict. Specialize it (with
+// `static constexpr bool is_runtime_layout = true;`) beside a functional form
+// whose params are an AnyTensorDict.
+template <class Impl>
+struct runtime_layout;
+
+template <class M>
+concept runtime_layout_module = requires { runtime_layout<impl_of_t<M>>::is_runtime_layout; };
+
 // ---- functional forms -------------------------------------------------------
 
 // functional<Impl>::forward(module, params, inputs...) computes the module's

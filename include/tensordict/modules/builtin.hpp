@@ -20,6 +20,9 @@ namespace tensordict::nn::detail {
 using builtin_modules = typename concat_lists<linear_family, conv_family, normalization_family, embedding_family,
                                               activation_family, recurrent_family, parameter_free_family>::type;
 
+// The built-in types whose tensors are named by their options (no schema).
+using builtin_runtime_layout_modules = recurrent_layers_family;
+
 // A type in a family's list has a schema and a functional form (its adapter).
 template <class... Impl>
 constexpr bool every_adapter_complete(type_list<Impl...>) {
