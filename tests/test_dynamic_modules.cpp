@@ -15,6 +15,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <tensordict/functional_vmap.hpp>
+#include <tensordict/reset_parameters.hpp>
 #include <tensordict/files.hpp>
 
 using namespace tensordict;
@@ -310,6 +311,30 @@ TEST_CASE("GRU and RNN: functional_call and to_module follow the new weights; fr
   CHECK(at::equal(stacked.get("weight_ih_l1")[1], gru_params.get("weight_ih_l1")));
   for (int i = 0; i < 3; ++i)
     CHECK(at::allclose(std::get<0>(functional_call(grus[0], stacked[i], x)), std::get<0>(grus[i]->forward(x)), 1e-5, 1e-6));
+}
+
+TEST_CASE("dynamic reset_parameters: a Sequential and an LSTM, one draw per set, the modules untouched", "[dynamic_modules]") {
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
+  const auto own = from_module(net);
+  const auto before = own.clone();
+  auto stacked = from_modules(std::vector<torch::nn::Sequential>{net, net});
+  nn::reset_parameters(net, stacked);
+  CHECK_FALSE(at::allclose(stacked.get("0", "weight")[0], stacked.get("0", "weight")[1]));
+  CHECK(stacked.get("2", "weight").abs().max().item<double>() <= 0.5);  // 1/sqrt(4)
+  CHECK(at::equal(from_module(net).get("0", "weight"), before.get("0", "weight")));
+  CHECK(impl(from_module(net).get("0", "weight")) == impl(own.get("0", "weight")));
+
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(3, 4).num_layers(2));
+  const auto lstm_before = from_module(lstm).clone();
+  auto fresh = from_module(lstm).clone();
+  nn::reset_parameters(lstm, fresh);
+  CHECK_FALSE(at::allclose(fresh.get("weight_hh_l1"), lstm_before.get("weight_hh_l1")));
+  CHECK(fresh.get("weight_hh_l1").abs().max().item<double>() <= 0.5);  // 1/sqrt(hidden)
+  CHECK(at::equal(from_module(lstm).get("weight_hh_l1"), lstm_before.get("weight_hh_l1")));
+
+  AnyTensorDict partial;
+  partial.set("0", "weight", at::zeros({4, 3}));
+  CHECK_THROWS_WITH(nn::reset_parameters(net, partial), Contains("params has no (\"0\", \"bias\")"));
 }
 
 TEST_CASE("dynamic calls take a typed TensorDict of the same keys", "[dynamic_modules]") {

@@ -13,6 +13,7 @@
 
 #include <tensordict/functional.hpp>
 #include <tensordict/functional_vmap.hpp>
+#include <tensordict/reset_parameters.hpp>
 
 using namespace tensordict;
 using test::impl;
@@ -412,6 +413,47 @@ TEST_CASE("functional_vmap over the new adapters equals a loop over the members"
   auto z = at::randn({4, 2});
   at::Tensor out = nn::functional_vmap(prelus[0], p, nn::args(z));
   for (int i = 0; i < 2; ++i) CHECK(at::allclose(out[i], prelus[i]->forward(z)));
+}
+
+TEST_CASE("reset_parameters draws into the TensorDict, one draw per set; the module keeps its values", "[functional]") {
+  auto net = make_mlp();  // Linear(3, 8), ReLU, Linear(8, 1)
+  const auto own = from_module(net);
+  const auto before = own.detach().clone();
+  auto fresh = own.detach().clone();
+  nn::reset_parameters(net, fresh);
+  CHECK_FALSE(at::allclose(fresh.get<"0", "weight">(), before.get<"0", "weight">()));
+  CHECK(fresh.get<"0", "weight">().abs().max().item<double>() <= 1 / std::sqrt(3.0));  // Linear's own bound, 1/sqrt(in)
+  CHECK(fresh.get<"2", "bias">().abs().max().item<double>() <= 1 / std::sqrt(8.0));
+  CHECK((from_module(net) == before).all());
+  CHECK(impl(from_module(net).get<"0", "weight">()) == impl(own.get<"0", "weight">()));
+
+  std::vector<decltype(net)> members{make_mlp(), make_mlp(), make_mlp()};
+  auto stacked = from_modules(members);
+  const auto stacked_before = stacked.detach().clone();
+  const auto* w = impl(stacked.get<"0", "weight">());
+  nn::reset_parameters(members[0], stacked);
+  CHECK(impl(stacked.get<"0", "weight">()) == w);  // written in place
+  CHECK_FALSE(at::allclose(stacked.get<"0", "weight">()[0], stacked.get<"0", "weight">()[1]));
+  CHECK_FALSE(at::allclose(stacked.get<"0", "weight">()[2], stacked_before.get<"0", "weight">()[2]));
+  CHECK(at::allclose(from_module(members[0]).get<"0", "weight">(), stacked_before.get<"0", "weight">()[0]));
+
+  // Buffers and a type whose reset() would register new tensors (PReLU: its adapter's initializer).
+  torch::nn::BatchNorm1d bn(4);
+  auto stats = from_module(bn).detach().clone();
+  stats.get<"running_mean">().fill_(3);
+  nn::reset_parameters(bn, stats);
+  CHECK(stats.get<"running_mean">().abs().max().item<double>() == 0);
+  torch::nn::PReLU prelu(torch::nn::PReLUOptions().num_parameters(2).init(0.5));
+  auto slopes = from_module(prelu).detach().clone().apply([](const at::Tensor& t) { return t.mul(3); });
+  nn::reset_parameters(prelu, slopes);
+  CHECK(at::allclose(slopes.get<"weight">(), at::full({2}, 0.5)));
+
+  // Params that lack a tensor the initialisation writes: refused before any draw.
+  TensorDict<nn::schema_of<torch::nn::LinearImpl>> partial;
+  torch::nn::Linear linear(2, 2);
+  partial.set<"weight">(at::zeros({2, 2}));
+  CHECK_THROWS_WITH(nn::reset_parameters(linear, partial), Contains("params has no \"bias\""));
+  CHECK(at::allclose(partial.get<"weight">(), at::zeros({2, 2})));
 }
 
 TEST_CASE("functional_call of BatchNorm in training updates the TensorDict's statistics", "[functional]") {

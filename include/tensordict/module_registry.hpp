@@ -39,6 +39,8 @@ struct module_kind {
   std::function<at::Tensor(torch::nn::Module&, const AnyTensorDict&, const at::Tensor&)> forward;
   // The batched form for functional_vmap; empty, or std::nullopt for options it does not lower.
   std::function<std::optional<stacked>(torch::nn::Module&, const AnyTensorDict&, const stacked&, const batch_context&)> batched;
+  // Draws its initial values into the tensors it holds (nn::reset_parameters); empty when unknown.
+  std::function<void(torch::nn::Module&)> reset;
 };
 
 namespace detail {
@@ -69,6 +71,7 @@ module_kind kind_of() {
   if constexpr (runtime_layout_module<Impl>) {
     kind.type_name = c10::demangle(typeid(Impl).name());
     kind.members = [](torch::nn::Module& m) { return runtime_layout<Impl>::members(dynamic_cast<Impl&>(m)); };
+    kind.reset = [](torch::nn::Module& m) { reset_module(dynamic_cast<Impl&>(m)); };
     return kind;
   } else if constexpr (!described_module<Impl>) {
     ::tensordict::compile_error::report<compile_error::registered_type_without_schema<Impl>>();
@@ -76,6 +79,7 @@ module_kind kind_of() {
   } else {
     kind.type_name = c10::demangle(typeid(Impl).name());
     kind.members = &own_members<Impl>;
+    kind.reset = [](torch::nn::Module& m) { reset_module(dynamic_cast<Impl&>(m)); };
     using S = schema_of<Impl>;
     if constexpr (has_functional_form<Impl>) {
       if constexpr (requires(Impl& m, const TensorDict<S>& p, const at::Tensor& x) {

@@ -20,6 +20,7 @@
 
 #include "functional_vmap.hpp"
 #include "params.hpp"
+#include "reset_parameters.hpp"
 
 namespace tensordict::nn {
 
@@ -52,21 +53,6 @@ struct with_out_keys<schema<Fields...>, First, Rest...> {
   using type = typename with_out_keys<grown, Rest...>::type;
 };
 
-// Re-initializes a module's tensors once: its own reset_parameters() when it
-// has one (which covers its children), else each sub-module's.
-template <class Impl>
-void reset_parameters(Impl& m) {
-  if constexpr (requires { m.reset_parameters(); }) {
-    m.reset_parameters();
-  } else if constexpr (described_module<Impl>) {
-    [&]<class... Members>(member_list<Members...>) {
-      [[maybe_unused]] auto visit = [&]<class Member>(std::type_identity<Member>) {
-        if constexpr (!is_tensor_member<Impl, Member>) reset_parameters(submodule<Impl, Member>(m));
-      };
-      (visit(std::type_identity<Members>{}), ...);
-    }(typename members_of_impl<Impl>::type{});
-  }
-}
 }  // namespace detail
 
 // (The wrapped module's type is not called Module: inside a class derived from
@@ -153,24 +139,14 @@ class EnsembleModuleImpl : public torch::nn::Module {
   using inner = typename member_impl::inner_impl;
   using params_t = TensorDictParams<schema_of<inner>>;
 
-  // num_copies copies with their own initialization: the member's module is
-  // re-initialized once per copy and its tensors are snapshotted; the member
-  // keeps its own values.
+  // num_copies copies with their own initialization (nn::reset_parameters:
+  // one draw per copy); the member keeps its own values.
   EnsembleModuleImpl(Member member, std::int64_t num_copies, ensemble_options options = {})
       : member_(std::move(member)), options_(options) {
     if (num_copies <= 0) throw value_error("EnsembleModule: num_copies must be positive, got " + std::to_string(num_copies));
     inner& shape = *member_->module;
-    auto original = from_module(shape).detach().clone();
-    std::vector<TensorDict<schema_of<inner>>> copies;
-    {
-      at::NoGradGuard no_grad;
-      for (std::int64_t i = 0; i < num_copies; ++i) {
-        detail::reset_parameters(shape);
-        copies.push_back(from_module(shape).detach().clone());
-      }
-      to_module_(original, shape);
-    }
-    auto stacked = stack(copies);
+    auto stacked = stack(std::vector<TensorDict<schema_of<inner>>>(static_cast<std::size_t>(num_copies), from_module(shape).detach()));
+    reset_parameters(shape, stacked);  // one draw per copy; the member keeps its values
     auto kinds = detail::kinds_of(shape);
     for (std::size_t i = 0; i < kinds.size(); ++i)
       if (kinds[i] == leaf_kind::parameter && stacked.leaf(i).defined()) stacked.leaf(i).requires_grad_(true);

@@ -18,6 +18,7 @@
 #include "module_registry.hpp"
 #include "modules.hpp"
 #include "params.hpp"
+#include "reset_parameters.hpp"
 #include "schema.hpp"
 #include "tensorclass.hpp"
 #include "to_module.hpp"

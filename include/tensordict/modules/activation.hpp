@@ -37,4 +37,10 @@ struct functional<torch::nn::PReLUImpl> {
   }
 };
 
+// PReLUImpl::reset() registers a new weight; its initial value is options.init().
+template <>
+struct initializer<torch::nn::PReLUImpl> {
+  static void reset(torch::nn::PReLUImpl& m) { m.weight.fill_(m.options.init()); }
+};
+
 }  // namespace tensordict::nn

@@ -307,6 +307,36 @@ struct functional<Impl> {
   }
 };
 
+// ---- initialisation -----------------------------------------------------------
+
+// initializer<Impl>::reset(module) draws a module's initial values into the
+// tensors it holds, for a type whose reset_parameters() does not (PReLU's
+// reset() registers new tensors). Specialize it in the type's adapter.
+template <class Impl>
+struct initializer;
+
+namespace detail {
+// Draws a module's initial values into its own tensors (in place): its
+// adapter's initializer, else its reset_parameters() (which covers its
+// children), else each sub-module's. Tensors of a module type with neither
+// are left as they are.
+template <class Impl>
+void reset_module(Impl& m) {
+  if constexpr (requires { initializer<Impl>::reset(m); }) {
+    initializer<Impl>::reset(m);
+  } else if constexpr (requires { m.reset_parameters(); }) {
+    m.reset_parameters();
+  } else if constexpr (described_module<Impl>) {
+    [&]<class... Members>(member_list<Members...>) {
+      [[maybe_unused]] auto visit = [&]<class Member>(std::type_identity<Member>) {
+        if constexpr (!is_tensor_member<Impl, Member>) reset_module(submodule<Impl, Member>(m));
+      };
+      (visit(std::type_identity<Members>{}), ...);
+    }(typename members_of_impl<Impl>::type{});
+  }
+}
+}  // namespace detail
+
 // ---- batched forms ----------------------------------------------------------
 
 // A value flowing through a lowered module: when `mapped`, dim 0 indexes the
