@@ -416,14 +416,14 @@ TEST_CASE("functional_vmap over the new adapters equals a loop over the members"
 }
 
 TEST_CASE("reset_parameters draws into the TensorDict, one draw per set; the module keeps its values", "[functional]") {
-  auto net = make_mlp();  // Linear(3, 8), ReLU, Linear(8, 1)
+  auto net = make_mlp();  // Linear(3, 4), ReLU, Linear(4, 1)
   const auto own = from_module(net);
   const auto before = own.detach().clone();
   auto fresh = own.detach().clone();
   nn::reset_parameters(net, fresh);
   CHECK_FALSE(at::allclose(fresh.get<"0", "weight">(), before.get<"0", "weight">()));
   CHECK(fresh.get<"0", "weight">().abs().max().item<double>() <= 1 / std::sqrt(3.0));  // Linear's own bound, 1/sqrt(in)
-  CHECK(fresh.get<"2", "bias">().abs().max().item<double>() <= 1 / std::sqrt(8.0));
+  CHECK(fresh.get<"2", "bias">().abs().max().item<double>() <= 1 / std::sqrt(4.0));
   CHECK((from_module(net) == before).all());
   CHECK(impl(from_module(net).get<"0", "weight">()) == impl(own.get<"0", "weight">()));
 
@@ -454,6 +454,89 @@ TEST_CASE("reset_parameters draws into the TensorDict, one draw per set; the mod
   partial.set<"weight">(at::zeros({2, 2}));
   CHECK_THROWS_WITH(nn::reset_parameters(linear, partial), Contains("params has no \"bias\""));
   CHECK(at::allclose(partial.get<"weight">(), at::zeros({2, 2})));
+}
+
+TEST_CASE("MultiheadAttention: schema, functional_call with masks and separate projections, gradients, reset_parameters", "[functional]") {
+  using namespace torch::nn;
+  MultiheadAttention packed(MultiheadAttentionOptions(8, 2));
+  auto params = from_module(packed);
+  CHECK(params.leaf(leaf_index_v<nn::schema_of<MultiheadAttentionImpl>, "in_proj_weight">).sizes() == c10::IntArrayRef{24, 8});
+  CHECK_FALSE(params.leaf(leaf_index_v<nn::schema_of<MultiheadAttentionImpl>, "q_proj_weight">).defined());
+  CHECK(impl(params.get<"out_proj", "weight">()) == impl(packed->out_proj->weight));
+
+  auto q = at::randn({5, 3, 8}), k = at::randn({4, 3, 8}), v = at::randn({4, 3, 8});
+  auto other = params.detach().clone().apply([](const at::Tensor& t) { return t.mul(0.7).requires_grad_(); });
+  auto padding = at::zeros({3, 4}, at::kBool);
+  padding.index_put_({1, 3}, true);
+  auto attn_mask = at::zeros({5, 4});
+  attn_mask.index_put_({0, 0}, -1e4);
+  std::tuple<at::Tensor, at::Tensor> expected;
+  {
+    auto swap = to_module(other, packed, swap_mode::as_given);
+    expected = packed->forward(q, k, v, padding, true, attn_mask);
+  }
+  auto [out, weights] = functional_call(packed, other, q, k, v, padding, true, attn_mask);
+  CHECK(at::allclose(out, std::get<0>(expected), 1e-5, 1e-6));
+  CHECK(at::allclose(weights, std::get<1>(expected), 1e-5, 1e-6));
+  out.sum().backward();
+  CHECK(other.get<"in_proj_weight">().grad().defined());
+  CHECK(other.get<"out_proj", "bias">().grad().defined());
+  CHECK_FALSE(packed->in_proj_weight.grad().defined());
+
+  MultiheadAttention separate(MultiheadAttentionOptions(8, 4).kdim(6).vdim(6).add_bias_kv(true));  // libtorch wants key and value of one shape
+  auto sep = from_module(separate).detach().clone().apply([](const at::Tensor& t) { return t.mul(-0.5); });
+  CHECK(sep.get<"k_proj_weight">().sizes() == c10::IntArrayRef{8, 6});
+  CHECK(sep.get<"bias_k">().sizes() == c10::IntArrayRef{1, 1, 8});
+  auto ks = at::randn({4, 3, 6}), vs = at::randn({4, 3, 6});
+  at::Tensor sep_expected;
+  {
+    auto swap = to_module(sep, separate);
+    sep_expected = std::get<0>(separate->forward(q, ks, vs, {}, false));
+  }
+  CHECK(at::allclose(std::get<0>(functional_call(separate, sep, q, ks, vs, at::Tensor(), false)), sep_expected, 1e-5, 1e-6));
+
+  auto fresh = from_module(packed).detach().clone();
+  const auto kept = from_module(packed).detach().clone();
+  nn::reset_parameters(packed, fresh);
+  CHECK_FALSE(at::allclose(fresh.get<"in_proj_weight">(), kept.get<"in_proj_weight">()));
+  CHECK(fresh.get<"in_proj_bias">().abs().max().item<double>() == 0);  // _reset_parameters: zero biases
+  CHECK(at::equal(packed->in_proj_weight, kept.get<"in_proj_weight">()));
+  CHECK(at::equal(packed->out_proj->weight, kept.get<"out_proj", "weight">()));
+}
+
+TEST_CASE("TransformerEncoderLayer: functional_call equals its forward (ReLU, GELU), gradients; a run-time Sequential", "[functional]") {
+  using namespace torch::nn;
+  for (bool gelu : {false, true}) {
+    auto options = TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0);
+    if (gelu) options.activation(torch::kGELU);
+    TransformerEncoderLayer layer(options);
+    auto params = from_module(layer).detach().clone().apply([](const at::Tensor& t) { return t.mul(0.9).requires_grad_(); });
+    CHECK(params.get<"self_attn", "in_proj_weight">().sizes() == c10::IntArrayRef{24, 8});
+    auto src = at::randn({5, 3, 8});
+    auto mask = at::zeros({5, 5});
+    mask.index_put_({0, 4}, -1e4);
+    at::Tensor expected;
+    {
+      auto swap = to_module(params, layer, swap_mode::as_given);
+      expected = layer->forward(src, mask);
+    }
+    at::Tensor y = functional_call(layer, params, src, mask);
+    CHECK(at::allclose(y, expected, 1e-5, 1e-6));
+    y.sum().backward();
+    CHECK(params.get<"linear1", "weight">().grad().defined());
+    CHECK(params.get<"self_attn", "out_proj", "weight">().grad().defined());
+  }
+
+  Sequential net(Linear(4, 8), TransformerEncoderLayer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0)));
+  auto any = from_module(net);
+  auto other = any.clone().apply([](const at::Tensor& t) { return t.mul(1.1); });
+  auto x = at::randn({6, 2, 4});
+  at::Tensor expected;
+  {
+    auto swap = to_module(other, net);
+    expected = net->forward(x);
+  }
+  CHECK(at::allclose(functional_call(net, other, x), expected, 1e-5, 1e-6));
 }
 
 TEST_CASE("functional_call of BatchNorm in training updates the TensorDict's statistics", "[functional]") {

@@ -7,6 +7,7 @@
 
 #include "activation.hpp"
 #include "adapter.hpp"
+#include "attention.hpp"
 #include "conv.hpp"
 #include "embedding.hpp"
 #include "linear.hpp"
@@ -14,11 +15,13 @@
 #include "parameter_free.hpp"
 #include "recurrent.hpp"
 #include "sequential.hpp"
+#include "transformer.hpp"
 
 namespace tensordict::nn::detail {
 
 using builtin_modules = typename concat_lists<linear_family, conv_family, normalization_family, embedding_family,
-                                              activation_family, recurrent_family, parameter_free_family>::type;
+                                              activation_family, recurrent_family, attention_family, transformer_family,
+                                              parameter_free_family>::type;
 
 // The built-in types whose tensors are named by their options (no schema).
 using builtin_runtime_layout_modules = recurrent_layers_family;
