@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Compiles the C++ examples of a Markdown file, so the docs cannot rot.
 
-Each ```cpp block becomes one translation unit that includes the library. A
-block that declares a type at column 0 (struct, class) is all file scope;
-in the others, #include, namespace and using lines stay at file scope and
-the other lines form the body of a function.
+All ```cpp blocks form one translation unit that includes the library (one
+parse of the libtorch headers instead of one per block). A block that declares
+a type at column 0 (struct, class) stays at file scope; every other block gets
+a namespace of its own, where its namespace and using lines stay, and its other
+lines form the body of a function. #include lines go to the top. Every line
+carries a #line directive, so a diagnostic names the Markdown file and line.
 
 Usage: doc_snippets.py FILE.md -- COMPILER FLAGS...
 """
@@ -14,40 +16,61 @@ import subprocess
 import sys
 import tempfile
 
-FILE_SCOPE = re.compile(r"^(#include|namespace |using )")
+TOP = ["#include <iostream>", "#include <ATen/ops/ones.h>", "#include <ATen/ops/randn.h>",
+       "#include <tensordict/tensordict.hpp>"]
+FILE_SCOPE = re.compile(r"^(namespace |using )")
 
 
-def translation_unit(block: str) -> str:
-    top = ["#include <iostream>", "#include <ATen/ops/ones.h>", "#include <ATen/ops/randn.h>",
-           "#include <tensordict/tensordict.hpp>"]
-    if re.search(r"^(struct|class) ", block, re.M):
-        return "\n".join(top) + "\n" + block
-    body = []
-    for line in block.splitlines():
-        (top if FILE_SCOPE.match(line) else body).append(line)
-    return "\n".join(top) + "\n\nvoid snippet() {\n" + "\n".join(body) + "\n}\n"
+def blocks_of(doc: str):
+    """(first line number, lines) of each ```cpp block."""
+    lines = open(doc).read().splitlines()
+    blocks, start = [], None
+    for number, line in enumerate(lines, 1):
+        if start is None and line.strip() == "```cpp":
+            start = number + 1
+        elif start is not None and line.strip() == "```":
+            blocks.append((start, lines[start - 1:number - 1]))
+            start = None
+    return blocks
+
+
+def translation_unit(doc: str, blocks) -> str:
+    def at(number, line):
+        return f'#line {number} "{doc}"\n{line}'
+
+    includes, file_scope, wrapped = list(TOP), [], []
+    for index, (first, lines) in enumerate(blocks):
+        numbered = [(first + i, line) for i, line in enumerate(lines)]
+        includes += [at(n, line) for n, line in numbered if line.startswith("#include")]
+        rest = [(n, line) for n, line in numbered if not line.startswith("#include")]
+        if any(re.match(r"(struct|class) ", line) for _, line in rest):
+            file_scope += [at(n, line) for n, line in rest]
+            continue
+        wrapped.append(f"namespace snippet_{index + 1} {{")
+        wrapped += [at(n, line) for n, line in rest if FILE_SCOPE.match(line)]
+        wrapped.append("void snippet() {")
+        wrapped += [at(n, line) for n, line in rest if not FILE_SCOPE.match(line)]
+        wrapped.append("}\n}")
+    return "\n".join(includes + file_scope + wrapped) + "\n"
 
 
 def main() -> int:
     sep = sys.argv.index("--")
     doc, compiler = sys.argv[1], sys.argv[sep + 1:]
-    blocks = re.findall(r"```cpp\n(.*?)```", open(doc).read(), re.S)
+    blocks = blocks_of(doc)
     if not blocks:
         print(f"{doc}: no ```cpp block")
         return 1
-    failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for i, block in enumerate(blocks):
-            src = os.path.join(tmp, f"snippet_{i}.cpp")
-            with open(src, "w") as f:
-                f.write(translation_unit(block))
-            run = subprocess.run(compiler + ["-fsyntax-only", src], capture_output=True, text=True)
-            status = "ok" if run.returncode == 0 else "FAIL"
-            print(f"{status} {doc} block {i + 1}")
-            if run.returncode != 0:
-                failed += 1
-                print(translation_unit(block) + run.stderr)
-    return 1 if failed else 0
+        src = os.path.join(tmp, "snippets.cpp")
+        with open(src, "w") as f:
+            f.write(translation_unit(doc, blocks))
+        run = subprocess.run(compiler + ["-fsyntax-only", src], capture_output=True, text=True)
+    if run.returncode != 0:
+        print(f"FAIL {doc}: its C++ blocks do not compile:\n{run.stderr}")
+        return 1
+    print(f"ok {doc}: {len(blocks)} C++ blocks compile")
+    return 0
 
 
 if __name__ == "__main__":
