@@ -8,6 +8,7 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
@@ -311,6 +312,97 @@ TEST_CASE("GRU and RNN: functional_call and to_module follow the new weights; fr
   CHECK(at::equal(stacked.get("weight_ih_l1")[1], gru_params.get("weight_ih_l1")));
   for (int i = 0; i < 3; ++i)
     CHECK(at::allclose(std::get<0>(functional_call(grus[0], stacked[i], x)), std::get<0>(grus[i]->forward(x)), 1e-5, 1e-6));
+}
+
+namespace {
+// The members' own forwards, stacked: what functional_vmap must give.
+template <class Module, class... State>
+auto members_forward(std::vector<Module>& members, const at::Tensor& x, const State&... state) {
+  std::vector<at::Tensor> outputs, hidden;
+  for (auto& m : members) {
+    auto [y, h] = m->forward(x, state...);
+    outputs.push_back(y);
+    if constexpr (std::is_same_v<Module, torch::nn::LSTM>)
+      hidden.push_back(std::get<1>(h));  // c_n: the state the output does not show
+    else
+      hidden.push_back(h);
+  }
+  return std::make_pair(at::stack(outputs), at::stack(hidden));
+}
+}  // namespace
+
+TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, gradients reach the stacked weights",
+          "[dynamic_modules]") {
+  SECTION("LSTM: 2 layers, bidirectional, batch_first") {
+    std::vector<torch::nn::LSTM> members;
+    for (int i = 0; i < 3; ++i)
+      members.emplace_back(torch::nn::LSTMOptions(3, 5).num_layers(2).bidirectional(true).batch_first(true));
+    auto params = from_modules(members).apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+    auto x = at::randn({4, 6, 3});
+    auto [expected, expected_c] = members_forward(members, x);
+    auto [y, state] = nn::functional_vmap(members[0], params, nn::args(x));
+    CHECK(y.sizes() == c10::IntArrayRef{3, 4, 6, 10});
+    CHECK(at::allclose(y, expected, 1e-5, 1e-6));
+    CHECK(at::allclose(std::get<1>(state), expected_c, 1e-5, 1e-6));
+    auto [looped, looped_state] = nn::functional_vmap(members[0], params, nn::args(x), {}, {}, {.loop = true});
+    CHECK(at::allclose(looped, y, 1e-5, 1e-6));
+
+    // Gradients: the same as through the loop over the sets.
+    auto grads = [&](const at::Tensor& out) {
+      return torch::autograd::grad({out.pow(2).sum()}, {params.get("weight_hh_l1_reverse"), params.get("bias_ih_l0")});
+    };
+    auto lowered_grads = grads(y), loop_grads = grads(looped);
+    CHECK(at::allclose(lowered_grads[0], loop_grads[0], 1e-4, 1e-5));
+    CHECK(at::allclose(lowered_grads[1], loop_grads[1], 1e-4, 1e-5));
+  }
+  SECTION("LSTM with projections, a given state, an input mapped per set") {
+    std::vector<torch::nn::LSTM> members;
+    for (int i = 0; i < 2; ++i) members.emplace_back(torch::nn::LSTMOptions(3, 6).proj_size(2));
+    auto params = from_modules(members);
+    auto xs = at::randn({2, 7, 4, 3});  // [sets, T, B, in]
+    auto h = at::randn({1, 4, 2}), c = at::randn({1, 4, 6});
+    auto [y, state] = nn::functional_vmap(members[0], params, nn::args(), nn::kwargs(nn::kw<"input">(xs), nn::kw<"hx">(std::make_tuple(h, c))),
+                                          nn::in_dims(nn::in_dim_of<"input">(0)));
+    for (int i = 0; i < 2; ++i) {
+      auto [own, own_state] = members[static_cast<std::size_t>(i)]->forward(xs[i], std::make_tuple(h, c));
+      CHECK(at::allclose(y[i], own, 1e-5, 1e-6));
+      CHECK(at::allclose(std::get<0>(state)[i], std::get<0>(own_state), 1e-5, 1e-6));
+    }
+  }
+  SECTION("GRU with a state, RNN (relu, no bias), unbatched input") {
+    std::vector<torch::nn::GRU> grus;
+    std::vector<torch::nn::RNN> rnns;
+    for (int i = 0; i < 3; ++i) {
+      grus.emplace_back(torch::nn::GRUOptions(3, 4).num_layers(2));
+      rnns.emplace_back(torch::nn::RNNOptions(3, 4).nonlinearity(torch::kReLU).bias(false));
+    }
+    auto x = at::randn({5, 2, 3});
+    auto h = at::randn({2, 2, 4});
+    auto [gru_expected, gru_h] = members_forward(grus, x, h);
+    auto [gru_y, gru_state] = nn::functional_vmap(grus[0], from_modules(grus), nn::args(x, h));
+    CHECK(at::allclose(gru_y, gru_expected, 1e-5, 1e-6));
+    CHECK(at::allclose(gru_state, gru_h, 1e-5, 1e-6));
+    auto [rnn_expected, rnn_h] = members_forward(rnns, x);
+    auto [rnn_y, rnn_state] = nn::functional_vmap(rnns[0], from_modules(rnns), nn::args(x));
+    CHECK(at::allclose(rnn_y, rnn_expected, 1e-5, 1e-6));
+    auto seq = at::randn({5, 3});
+    auto [unbatched, unbatched_h] = nn::functional_vmap(rnns[0], from_modules(rnns), nn::args(seq));
+    CHECK(unbatched.sizes() == c10::IntArrayRef{3, 5, 4});
+    CHECK(at::allclose(unbatched[2], std::get<0>(functional_call(rnns[2], from_module(rnns[2]), seq)), 1e-5, 1e-6));
+  }
+  SECTION("in training with dropout between layers: a loop over the sets, each its own draw") {
+    std::vector<torch::nn::LSTM> members;
+    for (int i = 0; i < 2; ++i) members.emplace_back(torch::nn::LSTMOptions(3, 4).num_layers(2).dropout(0.5));
+    auto params = from_modules(members);
+    auto x = at::randn({5, 2, 3});
+    CHECK_THROWS_AS(nn::functional_vmap(members[0], params, nn::args(x), {}, {}, {.randomness = randomness::same}),
+                    value_error);
+    auto [y, state] = nn::functional_vmap(members[0], params, nn::args(x), {}, {}, {.randomness = randomness::different});
+    CHECK(y.sizes() == c10::IntArrayRef{2, 5, 2, 4});
+    members[0]->eval();
+    auto [eval_y, eval_state] = nn::functional_vmap(members[0], params, nn::args(x));
+    CHECK(at::allclose(eval_y[1], std::get<0>(functional_call(members[0], params[1], x)), 1e-5, 1e-6));
+  }
 }
 
 TEST_CASE("dynamic reset_parameters: a Sequential and an LSTM, one draw per set, the modules untouched", "[dynamic_modules]") {

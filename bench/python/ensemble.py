@@ -3,14 +3,20 @@
 
 Run with Debian's python3-torch (1.13): python3 bench/python/ensemble.py
 Prints microseconds per call for a forward and a training step (forward,
-backward, SGD on the stacked parameters), one thread.
+backward, SGD on the stacked parameters), one thread; then 8 LSTMs and 8
+two-layer transformer encoders, as bench/ensemble. Runs itself again with the
+C++ bench's settings (one BLAS thread, glibc keeps freed memory).
 """
 import copy
 import os
+import sys
 import time
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+SETTINGS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+            "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296"}
+if any(os.environ.get(k) != v for k, v in SETTINGS.items()):
+    os.environ.update(SETTINGS)
+    os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch  # noqa: E402
 from functorch import vmap  # noqa: E402
@@ -68,6 +74,38 @@ def main():
 
         print(f"python {name} fwd {per_call(forward) * 1e6:.1f} us")
         print(f"python {name} train {per_call(train) * 1e6:.1f} us")
+
+    # The LSTM and transformer configs: vmap over functional_call, and the
+    # members' own forwards for reference.
+    lstms = [torch.nn.LSTM(32, 128, num_layers=2) for _ in range(8)]
+    encoders = [torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(64, 4, dropout=0.0), 2,
+                                            enable_nested_tensor=False) for _ in range(8)]
+    for name, nets, x, target, pick in [
+            ("lstm:8x(32-128x2)/50x32", lstms, torch.randn(50, 32, 32), torch.randn(8, 50, 32, 128), lambda out: out[0]),
+            ("transformer:8x(64,4h,2l)/32x16", encoders, torch.randn(32, 16, 64), torch.randn(8, 32, 16, 64),
+             lambda out: out)]:
+        params = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets]).requires_grad_()
+                  for k, _ in nets[0].named_parameters()}
+        base = copy.deepcopy(nets[0])
+        ensemble = vmap(lambda p, inp: pick(functional_call(base, p, (inp,))), in_dims=(0, None))
+        loop = lambda: torch.stack([pick(n(x)) for n in nets])  # noqa: E731
+        for label, fn, trained in [("vmap", lambda: ensemble(params, x), list(params.values())),
+                                   ("loop", loop, [t for n in nets for t in n.parameters()])]:
+            def forward():
+                with torch.no_grad():
+                    fn()
+
+            def train():
+                (fn() - target).pow(2).mean().backward()
+                with torch.no_grad():
+                    for t in trained:
+                        t.sub_(t.grad, alpha=1e-3)
+                        t.grad.zero_()
+            try:
+                print(f"python {label} {name} fwd {per_call(forward) * 1e6:.1f} us")
+                print(f"python {label} {name} train {per_call(train) * 1e6:.1f} us")
+            except RuntimeError as e:
+                print(f"python {label} {name}: n/a ({str(e).splitlines()[0]})")
 
 
 if __name__ == "__main__":

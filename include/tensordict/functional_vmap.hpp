@@ -14,13 +14,15 @@
 //
 // Module types with a batched form (nn::batched<Impl> in their adapter under
 // modules/: Linear, Conv2d, LayerNorm, Embedding, BatchNorm in eval, the
-// parameter-free modules and Dropout, and the typed Sequential of them) are
+// parameter-free modules and Dropout, TransformerEncoderLayer, RNN/LSTM/GRU,
+// and the typed Sequential of them) are
 // lowered to batched libtorch ops: one baddbmm for the sets of a Linear
 // instead of one linear each. The others go through vmap with the stacked
 // tensors swapped in; loop = true calls the sets one by one.
 //
 // On a run-time model (a torch::nn::Sequential, AnyModule, ...), params is an
-// AnyTensorDict and the forward takes one tensor.
+// AnyTensorDict and the forward takes one tensor. On RNN, LSTM and GRU, params
+// is an AnyTensorDict and the outputs are the module's (output, state).
 #pragma once
 
 #include <array>
@@ -155,10 +157,33 @@ Out unflatten_sets(const Out& out, c10::IntArrayRef batch) {
 }  // namespace detail
 
 namespace detail {
+// One set's output (a tensor, or a tuple of them) with a sets dim of 1 in front.
+template <class Out>
+Out with_sets_dim(const Out& out) {
+  if constexpr (std::is_same_v<Out, at::Tensor>)
+    return out.unsqueeze(0);
+  else
+    return std::apply([](const auto&... parts) { return Out{with_sets_dim(parts)...}; }, out);
+}
+
+// The lowering of a one-tensor call: lower(p, stacked input, ctx) gives the
+// batched form's result, or std::nullopt when there is none.
+template <class Lower>
+auto one_tensor_lowering(Lower lower) {
+  return [lower](const auto& p, const auto& inputs, const auto& mapped, const batch_context& ctx) {
+    using Inputs = std::remove_cvref_t<decltype(inputs)>;
+    if constexpr (std::tuple_size_v<Inputs> == 1 && is_tensor_v<std::tuple_element_t<0, Inputs>>) {
+      if (std::optional<stacked> out = lower(p, stacked{std::get<0>(inputs), mapped[0]}, ctx))
+        return std::optional<at::Tensor>(expand_sets(*out, ctx.sets));
+    }
+    return std::optional<at::Tensor>();
+  };
+}
+
 // What functional_vmap does once the inputs are known: params (in the
 // module's own form), the inputs with the dims that map them, call_one(p,
-// inputs...) for one set or under vmap, and lowered(p, stacked input, ctx)
-// giving the batched form's result (std::nullopt when there is none).
+// inputs...) for one set or under vmap, and lowered(p, inputs, mapped, ctx)
+// giving the batched form's outputs (std::nullopt when there is none).
 template <class Params, class Inputs, std::size_t N, class CallOne, class Lowered>
 auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<in_dim, N> dims, bool any_mapped,
                          const functional_vmap_options& options, CallOne& call_one, Lowered& lowered) {
@@ -221,20 +246,15 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
               return in;
           }(std::get<I>(chunk_inputs), dims[I])...);
         }(std::make_index_sequence<n_inputs>{});
-        each.push_back(std::apply([&](const auto&... in) { return call_one(one, in...); }, picked));
+        each.push_back(with_sets_dim(std::apply([&](const auto&... in) { return call_one(one, in...); }, picked)));
       }
-      if constexpr (std::is_same_v<Out, at::Tensor>)
-        return at::stack(each);
-      else
-        static_assert(std::is_same_v<Out, at::Tensor>, "functional_vmap: loop=true stacks tensor outputs.");
+      return ::tensordict::detail::concatenate(each);
     } else {
-      if constexpr (n_inputs == 1 && std::is_same_v<Out, at::Tensor>) {
-        if constexpr (is_tensor_v<std::tuple_element_t<0, decltype(chunk_inputs)>>) {
-          const batch_context ctx{length, options.randomness};
-          std::optional<stacked> out = lowered(p, stacked{std::get<0>(chunk_inputs), dims[0].has_value()}, ctx);
-          if (out) return Out(expand_sets(*out, length));
-        }
-      }
+      std::array<bool, n_inputs> is_mapped{};
+      for (std::size_t k = 0; k < n_inputs; ++k) is_mapped[k] = dims[k].has_value();
+      auto out = lowered(p, chunk_inputs, is_mapped, batch_context{length, options.randomness});
+      if constexpr (std::is_same_v<decltype(out), std::optional<Out>>)
+        if (out) return std::move(*out);
       std::vector<in_dim> vmap_dims{0};
       vmap_dims.insert(vmap_dims.end(), dims.begin(), dims.end());
       auto mapped = vmap(call_one, vmap_dims, {.randomness = options.randomness});
@@ -301,15 +321,15 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
       return (impl.*Method)(in...);
     }
   };
-  auto lowered = [&impl](const TensorDict<schema_of<Impl>>& p, const stacked& x,
-                         const batch_context& ctx) -> std::optional<stacked> {
+  auto lowered = detail::one_tensor_lowering([&impl](const TensorDict<schema_of<Impl>>& p, const stacked& x,
+                                                     const batch_context& ctx) -> std::optional<stacked> {
     if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && has_batched_form<Impl>) {
       return call_stacked(impl, p, x, ctx);
     } else {
       (void)impl;  // used by the lowered branch only
       return std::nullopt;
     }
-  };
+  });
   return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims,
                                      std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered);
 }
@@ -374,12 +394,50 @@ at::Tensor functional_vmap(M&& module, const AnyTensorDict& params, Args args = 
     auto call_one = [&](const AnyTensorDict& one, const at::Tensor& x) {
       return ::tensordict::detail::dynamic_call(m, any, one, x);
     };
-    auto lowered = [&](const AnyTensorDict& stacked_params, const stacked& x, const batch_context& ctx) {
+    auto lowered = detail::one_tensor_lowering([&](const AnyTensorDict& stacked_params, const stacked& x,
+                                                   const batch_context& ctx) {
       return detail::dynamic_lowered(m, stacked_params, x, ctx);
-    };
+    });
     return detail::run_functional_vmap(p, inputs, dims, std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one,
                                        lowered);
   }
+}
+
+// functional_vmap on a module whose tensors are named by its options (RNN,
+// LSTM, GRU): params an AnyTensorDict whose batch dims index the sets (e.g.
+// from_modules of such modules); args, kwargs and in_dims as the typed form;
+// the outputs are the module's, with params' batch dims in front. Lowered by
+// the type's batched form where it supports the options and params hold every
+// tensor, else a loop over the sets (vmap has no batching rule for the fused
+// recurrent ops).
+template <class M, class Args = std::tuple<>, class Kwargs = kwargs_t<>, class InDims = in_dims_t<>>
+  requires runtime_layout_module<M> && (!dynamic_module<M>)
+auto functional_vmap(M&& module, const AnyTensorDict& params, Args args = {}, Kwargs kwargs = {}, InDims in_dims = {},
+                     functional_vmap_options options = {}) {
+  using Impl = impl_of_t<M>;
+  Impl& impl = ::tensordict::detail::impl_ref(module);
+  const auto kwarg_dims = detail::kwarg_dims_of<Kwargs>(in_dims);
+  auto [inputs, dims] = detail::gather_inputs(args, kwargs, kwarg_dims);
+  const AnyTensorDict p = ::tensordict::detail::unflatten_if_flat(params);
+  (void)::tensordict::detail::resolve_targets(impl, p, p.batch_dims(), "tensordict::nn::functional_vmap");
+  auto call_one = [&impl](const AnyTensorDict& one, const auto&... in) {
+    return functional<Impl>::forward(impl, ::tensordict::detail::with_module_tensors(impl, one), in...);
+  };
+  bool lowers = has_batched_form<Impl>;
+  if constexpr (requires { batched<Impl>::supports(impl); }) lowers = lowers && batched<Impl>::supports(impl);
+  for (const auto& [name, tensor] : runtime_layout<Impl>::members(impl))
+    if (tensor->defined() && !p.contains(name)) lowers = false;
+  if (!lowers) options.loop = true;
+  auto lowered = [&impl](const AnyTensorDict& stacked_params, const auto& in, const auto& mapped, const batch_context& ctx) {
+    using Out = decltype(std::apply(
+        [&](const auto&... x) { return functional<Impl>::forward(impl, stacked_params, x...); }, in));
+    if constexpr (has_batched_form<Impl>)
+      return std::optional<Out>(batched<Impl>::forward(impl, stacked_params, in, mapped, ctx));
+    else
+      return std::optional<Out>();
+  };
+  return detail::run_functional_vmap(p, inputs, dims, std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one,
+                                     lowered);
 }
 
 }  // namespace nn

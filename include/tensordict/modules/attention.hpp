@@ -4,12 +4,19 @@
 // (packed or separate in-projections, bias, add_bias_kv); functional form:
 // F::multi_head_attention_forward with the TensorDict's tensors, as the
 // module's own forward (masks, need_weights, average_attn_weights); its
-// initialisation is its _reset_parameters(). No batched form yet.
+// initialisation is its _reset_parameters(). Its batched self-attention
+// (for TransformerEncoderLayer's batched form) folds the sets into the batch
+// of one attention: the in-projections of every set as one baddbmm, the
+// scores of every set, batch row and head as one bmm.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <tuple>
 
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/softmax.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/activation.h>
 
@@ -74,5 +81,41 @@ template <>
 struct initializer<torch::nn::MultiheadAttentionImpl> {
   static void reset(torch::nn::MultiheadAttentionImpl& m) { m._reset_parameters(); }
 };
+
+namespace detail {
+// Self-attention of a stacked [sets, L, N, E] sequence, without masks, as
+// MultiheadAttentionImpl::forward(x, x, x)'s output; for the options that
+// supports() accepts.
+struct batched_self_attention {
+  using Impl = torch::nn::MultiheadAttentionImpl;
+  static bool supports(const Impl& m) {
+    return m._qkv_same_embed_dim && !m.bias_k.defined() && !m.options.add_zero_attn() &&
+           (!m.is_training() || m.options.dropout() == 0);
+  }
+  static at::Tensor forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const at::Tensor& x) {
+    using F = functional<Impl>;
+    const std::int64_t sets = x.size(0), length = x.size(1), batch = x.size(2), embed = x.size(3);
+    const std::int64_t heads = m.options.num_heads(), head_dim = embed / heads;
+    auto project = [](const at::Tensor& rows, const at::Tensor& weight, const at::Tensor& bias) {
+      return bias.defined() ? at::baddbmm(bias.unsqueeze(1), rows, weight.transpose(1, 2)) : at::bmm(rows, weight.transpose(1, 2));
+    };
+    const at::Tensor qkv = project(x.reshape({sets, length * batch, embed}), F::leaf<"in_proj_weight">(p),
+                                   F::leaf<"in_proj_bias">(p));
+    // [sets, L*N, E] -> [sets*N*heads, L, head_dim], as the module folds its batch and heads.
+    auto split_heads = [&](const at::Tensor& t) {
+      return t.view({sets, length, batch, heads, head_dim}).permute({0, 2, 3, 1, 4}).reshape({sets * batch * heads, length, head_dim});
+    };
+    const auto parts = qkv.chunk(3, 2);
+    const at::Tensor q = split_heads(parts[0]) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
+    const at::Tensor weights = at::softmax(at::bmm(q, split_heads(parts[1]).transpose(1, 2)), -1);
+    const at::Tensor attended = at::bmm(weights, split_heads(parts[2]))
+                                    .view({sets, batch * heads, length, head_dim})
+                                    .transpose(1, 2)
+                                    .reshape({sets, length * batch, embed});
+    return project(attended, F::leaf<"out_proj", "weight">(p), F::leaf<"out_proj", "bias">(p))
+        .view({sets, length, batch, embed});
+  }
+};
+}  // namespace detail
 
 }  // namespace tensordict::nn

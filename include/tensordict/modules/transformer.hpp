@@ -2,7 +2,9 @@
 // linear1, linear2, norm1, norm2} (its dropouts hold no tensors); functional
 // form: its children's functional forms in the order of its own forward
 // (attention, add & norm, feed-forward with its activation, add & norm); its
-// initialisation is its reset_parameters(). No batched form yet.
+// initialisation is its reset_parameters(). Batched form (without masks):
+// the batched self-attention, then the Linear, LayerNorm and Dropout batched
+// forms in the same order.
 #pragma once
 
 #include <functional>
@@ -25,6 +27,16 @@ namespace tensordict::nn {
 
 namespace detail {
 using transformer_family = type_list<torch::nn::TransformerEncoderLayerImpl>;
+
+// The layer's activation on any tensor (a stacked one too).
+inline at::Tensor feed_forward_activation(const torch::nn::TransformerEncoderLayerImpl& m, const at::Tensor& h) {
+  const auto& activation = m.options.activation();
+  if (::tensordict::detail::compat::get_if<torch::enumtype::kGELU>(&activation)) return at::gelu(h);
+  if (::tensordict::detail::compat::get_if<torch::enumtype::kReLU>(&activation)) return at::relu(h);
+  if (const auto* callable = ::tensordict::detail::compat::get_if<std::function<at::Tensor(const at::Tensor&)>>(&activation))
+    return (*callable)(h);
+  throw module_error("tensordict::functional_call: TransformerEncoderLayer's activation is neither kGELU, kReLU nor a callable");
+}
 }  // namespace detail
 
 TENSORDICT_DETAIL_TENSORS(torch::nn::TransformerEncoderLayerImpl,
@@ -52,17 +64,32 @@ struct functional<torch::nn::TransformerEncoderLayerImpl> {
         *m.self_attn, p.template get<"self_attn">(), src, src, src, src_key_padding_mask, true, src_mask));
     const at::Tensor x = functional<LayerNormImpl>::forward(*m.norm1, p.template get<"norm1">(), src + m.dropout1->forward(attended));
     at::Tensor h = functional<LinearImpl>::forward(*m.linear1, p.template get<"linear1">(), x);
-    const auto& activation = m.options.activation();
-    if (::tensordict::detail::compat::get_if<torch::enumtype::kGELU>(&activation))
-      h = at::gelu(h);
-    else if (::tensordict::detail::compat::get_if<torch::enumtype::kReLU>(&activation))
-      h = at::relu(h);
-    else if (const auto* callable = ::tensordict::detail::compat::get_if<std::function<at::Tensor(const at::Tensor&)>>(&activation))
-      h = (*callable)(h);
-    else
-      throw module_error("tensordict::functional_call: TransformerEncoderLayer's activation is neither kGELU, kReLU nor a callable");
-    h = functional<LinearImpl>::forward(*m.linear2, p.template get<"linear2">(), m.dropout->forward(h));
+    h = functional<LinearImpl>::forward(*m.linear2, p.template get<"linear2">(), m.dropout->forward(detail::feed_forward_activation(m, h)));
     return functional<LayerNormImpl>::forward(*m.norm2, p.template get<"norm2">(), x + m.dropout2->forward(h));
+  }
+};
+
+
+template <>
+struct batched<torch::nn::TransformerEncoderLayerImpl> {
+  static constexpr bool is_batched = true;
+  using Impl = torch::nn::TransformerEncoderLayerImpl;
+  static bool supports(const Impl& m) { return detail::batched_self_attention::supports(*m.self_attn); }
+  // src [L, N, E], shared or per set; the callable activation must be element-wise.
+  static stacked forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& src, const batch_context& ctx) {
+    using torch::nn::DropoutImpl;
+    using torch::nn::LayerNormImpl;
+    using torch::nn::LinearImpl;
+    const TensorDict<schema<>> none;
+    const at::Tensor x = detail::expand_sets(src, ctx.sets);
+    const stacked attended{detail::batched_self_attention::forward(*m.self_attn, p.template get<"self_attn">(), x), true};
+    const stacked x1 = batched<LayerNormImpl>::forward(
+        *m.norm1, p.template get<"norm1">(), {x + batched<DropoutImpl>::forward(*m.dropout1, none, attended, ctx).value, true}, ctx);
+    stacked h = batched<LinearImpl>::forward(*m.linear1, p.template get<"linear1">(), x1, ctx);
+    h = batched<DropoutImpl>::forward(*m.dropout, none, {detail::feed_forward_activation(m, h.value), true}, ctx);
+    h = batched<LinearImpl>::forward(*m.linear2, p.template get<"linear2">(), h, ctx);
+    const at::Tensor residual = x1.value + detail::expand_sets(batched<DropoutImpl>::forward(*m.dropout2, none, h, ctx), ctx.sets);
+    return batched<LayerNormImpl>::forward(*m.norm2, p.template get<"norm2">(), {residual, true}, ctx);
   }
 };
 
