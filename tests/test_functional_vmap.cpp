@@ -107,6 +107,43 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
   check_three_paths(convs, at::randn({2, 2, 7, 7}), false);
   check_three_paths(convs, at::randn({3, 2, 2, 7, 7}), true);
 
+  auto convs1d = copies<torch::nn::Conv1d>(2, [] { return torch::nn::Conv1d(torch::nn::Conv1dOptions(2, 3, 3).stride(2)); });
+  check_three_paths(convs1d, at::randn({4, 2, 9}), false);
+  check_three_paths(convs1d, at::randn({2, 2, 9}), true);  // unbatched, one per set
+  auto convs3d = copies<torch::nn::Conv3d>(2, [] { return torch::nn::Conv3d(torch::nn::Conv3dOptions(2, 2, 2).bias(false)); });
+  check_three_paths(convs3d, at::randn({2, 2, 3, 4, 4}), false);
+
+  auto group_norms = copies<torch::nn::GroupNorm>(3, [] {
+    torch::nn::GroupNorm n(torch::nn::GroupNormOptions(2, 4));
+    n->weight.data().normal_();
+    n->bias.data().normal_();
+    return n;
+  });
+  check_three_paths(group_norms, at::randn({5, 4, 3}), false);
+  check_three_paths(group_norms, at::randn({3, 5, 4, 3}), true);
+  auto instance_norms = copies<torch::nn::InstanceNorm1d>(2, [] {
+    torch::nn::InstanceNorm1d n(torch::nn::InstanceNorm1dOptions(3).affine(true));
+    n->weight.data().normal_();
+    return n;
+  });
+  check_three_paths(instance_norms, at::randn({4, 3, 6}), false);
+  check_three_paths(instance_norms, at::randn({3, 6}), false);  // unbatched
+  auto tracked_norms = copies<torch::nn::InstanceNorm2d>(2, [] {
+    torch::nn::InstanceNorm2d n(torch::nn::InstanceNorm2dOptions(3).track_running_stats(true));
+    n->running_mean.normal_();
+    n->eval();
+    return n;
+  });
+  check_three_paths(tracked_norms, at::randn({2, 3, 4, 4}), false);
+
+  auto prelus = copies<torch::nn::PReLU>(3, [] {
+    torch::nn::PReLU a(torch::nn::PReLUOptions().num_parameters(4));
+    a->weight.data().uniform_(0, 1);
+    return a;
+  });
+  check_three_paths(prelus, at::randn({5, 4, 2}), false);
+  check_three_paths(prelus, at::randn({3, 5, 4}), true);
+
   auto norms = copies<torch::nn::LayerNorm>(3, [] {
     torch::nn::LayerNorm n(torch::nn::LayerNormOptions({4}));
     n->weight.data().normal_();

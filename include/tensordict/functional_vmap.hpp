@@ -13,9 +13,9 @@
 // the reference; `method` calls another member function than forward.
 //
 // Module types with a batched form (nn::batched<Impl> in their adapter under
-// modules/: Linear, Conv2d, LayerNorm, Embedding, BatchNorm in eval, the
-// parameter-free modules and Dropout, TransformerEncoderLayer, RNN/LSTM/GRU,
-// and the typed Sequential of them) are
+// modules/: Linear, Conv1d/2d/3d, LayerNorm, GroupNorm, InstanceNorm,
+// Embedding, BatchNorm in eval, PReLU, the parameter-free modules and Dropout,
+// TransformerEncoderLayer, RNN/LSTM/GRU, and the typed Sequential of them) are
 // lowered to batched libtorch ops: one baddbmm for the sets of a Linear
 // instead of one linear each. The others go through vmap with the stacked
 // tensors swapped in; loop = true calls the sets one by one.

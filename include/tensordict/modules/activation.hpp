@@ -1,4 +1,5 @@
-// The adapter of the activation with a parameter: PReLU, schema {weight}.
+// The adapter of the activation with a parameter: PReLU, schema {weight};
+// its batched form broadcasts each set's weights over that set's input.
 // (The activations without tensors are in parameter_free.hpp.)
 #pragma once
 
@@ -41,6 +42,20 @@ struct functional<torch::nn::PReLUImpl> {
 template <>
 struct initializer<torch::nn::PReLUImpl> {
   static void reset(torch::nn::PReLUImpl& m) { m.weight.fill_(m.options.init()); }
+};
+
+template <>
+struct batched<torch::nn::PReLUImpl> {
+  static constexpr bool is_batched = true;
+  static stacked forward(const torch::nn::PReLUImpl&, const TensorDict<schema_of<torch::nn::PReLUImpl>>& p,
+                         const stacked& x, const batch_context& ctx) {
+    const at::Tensor v = detail::expand_sets(x, ctx.sets);  // [sets, ...]
+    const at::Tensor& w = p.leaf(0);                      // [sets, 1] or [sets, C]
+    std::vector<std::int64_t> shape(static_cast<std::size_t>(v.dim()), 1);
+    shape[0] = ctx.sets;
+    if (w.size(1) > 1) shape[v.dim() >= 3 ? 2 : 1] = w.size(1);  // one weight per channel: each set's dim 1 (dim 0 of a 1-d input)
+    return {at::where(v > 0, v, v * w.view(shape)), true};
+  }
 };
 
 }  // namespace tensordict::nn

@@ -1,6 +1,6 @@
 // The adapters of the convolutions: Conv1d/2d/3d and ConvTranspose1d/2d/3d, schema
 // {weight, bias}; functional forms for all (with the padding modes);
-// Conv2d's batched form is one grouped convolution, the sets as groups.
+// Conv1d/2d/3d's batched form is one grouped convolution, the sets as groups.
 #pragma once
 
 #include <cstddef>
@@ -8,7 +8,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <ATen/ops/conv2d.h>
 #include <ATen/ops/conv_transpose1d.h>
 #include <ATen/ops/conv_transpose2d.h>
 #include <ATen/ops/conv_transpose3d.h>
@@ -89,37 +88,62 @@ struct functional<Impl> {
   }
 };
 
-template <>
-struct batched<torch::nn::Conv2dImpl> {
+namespace detail {
+// A stacked input [sets, N, C, ...] (or one shared [N, C, ...]) as one batch
+// of sets*C channels, [N, sets*C, ...]; an unbatched one gets N = 1.
+inline at::Tensor sets_as_channels(const stacked& x, std::int64_t sets, bool unbatched) {
+  if (x.mapped) {
+    at::Tensor v = unbatched ? x.value.unsqueeze(1) : x.value;
+    std::vector<std::int64_t> shape{v.size(1), sets * v.size(2)};
+    shape.insert(shape.end(), v.sizes().begin() + 3, v.sizes().end());
+    return v.transpose(0, 1).reshape(shape);
+  }
+  at::Tensor v = unbatched ? x.value.unsqueeze(0) : x.value;
+  std::vector<std::int64_t> repeats(static_cast<std::size_t>(v.dim()), 1);
+  repeats[1] = sets;
+  return v.repeat(repeats);
+}
+
+// The inverse: [N, sets*C, ...] as [sets, N, C, ...] (unbatched: [sets, C, ...]).
+inline at::Tensor channels_as_sets(const at::Tensor& y, std::int64_t sets, bool unbatched) {
+  std::vector<std::int64_t> shape{y.size(0), sets, y.size(1) / sets};
+  shape.insert(shape.end(), y.sizes().begin() + 2, y.sizes().end());
+  at::Tensor out = y.view(shape).transpose(0, 1);
+  return unbatched ? out.squeeze(1) : out;
+}
+}  // namespace detail
+
+template <class Impl>
+  requires std::is_same_v<Impl, torch::nn::Conv1dImpl> || std::is_same_v<Impl, torch::nn::Conv2dImpl> ||
+           std::is_same_v<Impl, torch::nn::Conv3dImpl>
+struct batched<Impl> {
   static constexpr bool is_batched = true;
-  static bool supports(const torch::nn::Conv2dImpl& m) {
+  static constexpr std::int64_t dims = std::is_same_v<Impl, torch::nn::Conv1dImpl>   ? 1
+                                       : std::is_same_v<Impl, torch::nn::Conv2dImpl> ? 2
+                                                                                       : 3;
+  static bool supports(const Impl& m) {
     return ::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&m.options.padding_mode()) != nullptr;
   }
   // One grouped convolution: the sets become groups.
-  static stacked forward(const torch::nn::Conv2dImpl& m, const TensorDict<schema_of<torch::nn::Conv2dImpl>>& p,
-                         const stacked& x, const batch_context& ctx) {
+  static stacked forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
+    namespace F = torch::nn::functional;
     const auto& o = m.options;
-    const std::int64_t sets = ctx.sets, groups = o.groups();
-    const at::Tensor& w = p.leaf(0);  // [sets, out, in/groups, kh, kw]
-    const bool unbatched = x.value.dim() == (x.mapped ? 4 : 3);
-    at::Tensor input = expand_input(x, sets, unbatched);  // [N, sets*C, H, W]
-    at::Tensor weight = w.reshape({sets * w.size(1), w.size(2), w.size(3), w.size(4)});
-    at::Tensor bias = p.leaf(1).defined() ? p.leaf(1).reshape({-1}) : at::Tensor();
-    at::Tensor y = torch::nn::functional::detail::conv2d(input, weight, bias, o.stride(), o.padding(), o.dilation(),
-                                                         sets * groups);
-    y = y.view({y.size(0), sets, w.size(1), y.size(2), y.size(3)}).transpose(0, 1);  // [sets, N, out, H', W']
-    if (unbatched) y = y.squeeze(1);
-    return {y, true};
-  }
-
- private:
-  static at::Tensor expand_input(const stacked& x, std::int64_t sets, bool unbatched) {
-    if (x.mapped) {
-      at::Tensor v = unbatched ? x.value.unsqueeze(1) : x.value;  // [sets, N, C, H, W]
-      return v.transpose(0, 1).reshape({v.size(1), sets * v.size(2), v.size(3), v.size(4)});
-    }
-    at::Tensor v = unbatched ? x.value.unsqueeze(0) : x.value;  // [N, C, H, W]
-    return v.repeat({1, sets, 1, 1});
+    const at::Tensor& w = p.leaf(0);  // [sets, out, in/groups, kernel...]
+    const bool unbatched = x.value.dim() - (x.mapped ? 1 : 0) == dims + 1;
+    const at::Tensor input = detail::sets_as_channels(x, ctx.sets, unbatched);
+    std::vector<std::int64_t> weight_shape{ctx.sets * w.size(1)};
+    weight_shape.insert(weight_shape.end(), w.sizes().begin() + 2, w.sizes().end());
+    const at::Tensor weight = w.reshape(weight_shape);
+    const at::Tensor bias = p.leaf(1).defined() ? p.leaf(1).reshape({-1}) : at::Tensor();
+    const std::int64_t groups = ctx.sets * o.groups();
+    at::Tensor y;
+    if constexpr (dims == 1)
+      y = F::detail::conv1d(input, weight, bias, o.stride(), o.padding(), o.dilation(), groups);
+    else if constexpr (dims == 2)
+      y = F::detail::conv2d(input, weight, bias, o.stride(), o.padding(), o.dilation(), groups);
+    else
+      y = F::detail::conv3d(input, weight, bias, o.stride(), o.padding(), o.dilation(), groups);
+    return {detail::channels_as_sets(y, ctx.sets, unbatched), true};
   }
 };
 

@@ -1,7 +1,8 @@
 // The adapters of the normalizations: LayerNorm and GroupNorm ({weight,
 // bias}), BatchNorm1d/2d/3d and InstanceNorm1d/2d/3d ({weight, bias,
 // running_mean, running_var, num_batches_tracked}, unset where the options
-// leave them out). Batched forms: LayerNorm, and BatchNorm in eval.
+// leave them out). Batched forms: LayerNorm, GroupNorm and InstanceNorm (the
+// sets as groups of channels), and BatchNorm in eval.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "adapter.hpp"
+#include "conv.hpp"  // the sets-as-channels reshapes
 
 namespace tensordict::nn {
 
@@ -133,6 +135,42 @@ struct batched<Impl> {
     if (p.leaf(0).defined()) y = y * view(p.leaf(0));
     if (p.leaf(1).defined()) y = y + view(p.leaf(1));
     return {y, true};
+  }
+};
+
+// The sets as groups of channels: [N, sets*C, ...], sets*G groups.
+template <>
+struct batched<torch::nn::GroupNormImpl> {
+  static constexpr bool is_batched = true;
+  static stacked forward(const torch::nn::GroupNormImpl& m, const TensorDict<schema_of<torch::nn::GroupNormImpl>>& p,
+                         const stacked& x, const batch_context& ctx) {
+    const at::Tensor input = detail::sets_as_channels(x, ctx.sets, false);
+    auto flat = [](const at::Tensor& t) { return t.defined() ? t.reshape({-1}) : at::Tensor(); };
+    const at::Tensor y = at::group_norm(input, ctx.sets * m.options.num_groups(), flat(p.leaf(0)), flat(p.leaf(1)), m.options.eps());
+    return {detail::channels_as_sets(y, ctx.sets, false), true};
+  }
+};
+
+// The sets as more channels; running statistics (eval, or their update in
+// training) are the stacked buffers seen as [sets*C] (updated in place where
+// they are contiguous, as from_modules stacks them).
+template <class Impl>
+  requires std::is_same_v<Impl, torch::nn::InstanceNorm1dImpl> || std::is_same_v<Impl, torch::nn::InstanceNorm2dImpl> ||
+           std::is_same_v<Impl, torch::nn::InstanceNorm3dImpl>
+struct batched<Impl> {
+  static constexpr bool is_batched = true;
+  static stacked forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
+    constexpr std::int64_t unbatched_dims = std::is_same_v<Impl, torch::nn::InstanceNorm1dImpl>   ? 2
+                                            : std::is_same_v<Impl, torch::nn::InstanceNorm2dImpl> ? 3
+                                                                                                    : 4;
+    const auto& o = m.options;
+    const bool unbatched = x.value.dim() - (x.mapped ? 1 : 0) == unbatched_dims;
+    const at::Tensor input = detail::sets_as_channels(x, ctx.sets, unbatched);
+    auto flat = [](const at::Tensor& t) { return t.defined() ? t.reshape({-1}) : at::Tensor(); };
+    const at::Tensor y = torch::nn::functional::detail::instance_norm(
+        input, flat(p.leaf(2)), flat(p.leaf(3)), flat(p.leaf(0)), flat(p.leaf(1)),
+        m.is_training() || !o.track_running_stats(), o.momentum(), o.eps());
+    return {detail::channels_as_sets(y, ctx.sets, unbatched), true};
   }
 };
 
