@@ -346,6 +346,11 @@ TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, 
     CHECK(at::allclose(std::get<1>(state), expected_c, 1e-5, 1e-6));
     auto [looped, looped_state] = nn::functional_vmap(members[0], params, nn::args(x), {}, {}, {.loop = true});
     CHECK(at::allclose(looped, y, 1e-5, 1e-6));
+    // The batched form itself, whichever path functional_vmap takes with this libtorch.
+    auto [direct, direct_state] = nn::batched<torch::nn::LSTMImpl>::forward(*members[0], params, std::make_tuple(x),
+                                                                            std::array<bool, 1>{false}, {.sets = 3});
+    CHECK(at::allclose(direct, expected, 1e-5, 1e-6));
+    CHECK(at::allclose(std::get<1>(direct_state), expected_c, 1e-5, 1e-6));
 
     // Gradients: the same as through the loop over the sets.
     auto grads = [&](const at::Tensor& out) {
@@ -382,6 +387,9 @@ TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, 
     auto [gru_y, gru_state] = nn::functional_vmap(grus[0], from_modules(grus), nn::args(x, h));
     CHECK(at::allclose(gru_y, gru_expected, 1e-5, 1e-6));
     CHECK(at::allclose(gru_state, gru_h, 1e-5, 1e-6));
+    auto [gru_direct, gru_direct_h] = nn::batched<torch::nn::GRUImpl>::forward(*grus[0], from_modules(grus), std::make_tuple(x, h),
+                                                                               std::array<bool, 2>{false, false}, {.sets = 3});
+    CHECK(at::allclose(gru_direct, gru_expected, 1e-5, 1e-6));
     auto [rnn_expected, rnn_h] = members_forward(rnns, x);
     auto [rnn_y, rnn_state] = nn::functional_vmap(rnns[0], from_modules(rnns), nn::args(x));
     CHECK(at::allclose(rnn_y, rnn_expected, 1e-5, 1e-6));

@@ -36,6 +36,11 @@ using std::get;
 using std::get_if;
 #endif
 
+// Whether libtorch's own RNN/LSTM/GRU forward is one fused kernel for
+// tensors on CUDA (cuDNN) or, with oneDNN enabled, on the CPU: from libtorch
+// 2.0 (1.13 steps the cell op by op there).
+inline bool fused_recurrent_kernel(bool cuda, bool mkldnn_enabled) { return cuda || (torch_major >= 2 && mkldnn_enabled); }
+
 }  // namespace tensordict::detail::compat
 
 #endif  // TENSORDICT_DETAIL_COMPAT_CORE
