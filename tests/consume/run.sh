@@ -1,9 +1,16 @@
 #!/bin/sh
 # Builds and runs tests/consume/main.cpp the way an outside project would:
-#   run.sh meson_subproject|pkg_config|cmake SOURCE_ROOT CONSUME_DIR
-# TORCH_DIR, when set, is passed on as the torch_dir option.
+#   run.sh meson_subproject|pkg_config|cmake|all SOURCE_ROOT CONSUME_DIR
+# (all: the three in turn). TORCH_DIR, when set, is passed on as the torch_dir option.
 set -eu
 how=$1 src=$2 here=$3
+if [ "$how" = all ]; then
+  for way in meson_subproject pkg_config cmake; do
+    echo "== consume: $way"
+    sh "$0" "$way" "$src" "$here"
+  done
+  exit 0
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
