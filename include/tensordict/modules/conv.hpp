@@ -34,6 +34,26 @@ TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::ConvTranspose1dImpl)
 TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::ConvTranspose2dImpl)
 TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::ConvTranspose3dImpl)
 
+namespace detail {
+// Conv1d/2d/3d: their spatial dims, and the convolution of that many dims.
+template <class Impl>
+inline constexpr std::size_t conv_dims = std::is_same_v<Impl, torch::nn::Conv1dImpl>   ? 1
+                                         : std::is_same_v<Impl, torch::nn::Conv2dImpl> ? 2
+                                                                                         : 3;
+template <class Impl, class Padding>
+at::Tensor conv_nd(const Impl& m, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                   const Padding& padding, std::int64_t groups) {
+  namespace F = torch::nn::functional;
+  const auto& o = m.options;
+  if constexpr (conv_dims<Impl> == 1)
+    return F::detail::conv1d(input, weight, bias, o.stride(), padding, o.dilation(), groups);
+  else if constexpr (conv_dims<Impl> == 2)
+    return F::detail::conv2d(input, weight, bias, o.stride(), padding, o.dilation(), groups);
+  else
+    return F::detail::conv3d(input, weight, bias, o.stride(), padding, o.dilation(), groups);
+}
+}  // namespace detail
+
 template <class Impl>
   requires std::is_same_v<Impl, torch::nn::Conv1dImpl> || std::is_same_v<Impl, torch::nn::Conv2dImpl> ||
            std::is_same_v<Impl, torch::nn::Conv3dImpl>
@@ -43,18 +63,13 @@ struct functional<Impl> {
     namespace F = torch::nn::functional;
     const auto& o = m.options;
     auto conv = [&](const at::Tensor& input, const auto& padding) {
-      if constexpr (std::is_same_v<Impl, torch::nn::Conv1dImpl>)
-        return F::detail::conv1d(input, p.leaf(0), p.leaf(1), o.stride(), padding, o.dilation(), o.groups());
-      else if constexpr (std::is_same_v<Impl, torch::nn::Conv2dImpl>)
-        return F::detail::conv2d(input, p.leaf(0), p.leaf(1), o.stride(), padding, o.dilation(), o.groups());
-      else
-        return F::detail::conv3d(input, p.leaf(0), p.leaf(1), o.stride(), padding, o.dilation(), o.groups());
+      return detail::conv_nd(m, input, p.leaf(0), p.leaf(1), padding, o.groups());
     };
     if (::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&o.padding_mode())) return conv(x, o.padding());
     F::PadFuncOptions::mode_t mode = torch::kReflect;
     if (::tensordict::detail::compat::get_if<torch::enumtype::kReplicate>(&o.padding_mode())) mode = torch::kReplicate;
     if (::tensordict::detail::compat::get_if<torch::enumtype::kCircular>(&o.padding_mode())) mode = torch::kCircular;
-    constexpr std::size_t dims = std::is_same_v<Impl, torch::nn::Conv1dImpl> ? 1 : std::is_same_v<Impl, torch::nn::Conv2dImpl> ? 2 : 3;
+    constexpr std::size_t dims = detail::conv_dims<Impl>;
     const auto* padding = ::tensordict::detail::compat::get_if<torch::ExpandingArray<dims>>(&o.padding());
     if (!padding)
       throw module_error("tensordict::functional_call: a convolution with padding_mode other than zeros needs explicit "
@@ -118,31 +133,19 @@ template <class Impl>
            std::is_same_v<Impl, torch::nn::Conv3dImpl>
 struct batched<Impl> {
   static constexpr bool is_batched = true;
-  static constexpr std::int64_t dims = std::is_same_v<Impl, torch::nn::Conv1dImpl>   ? 1
-                                       : std::is_same_v<Impl, torch::nn::Conv2dImpl> ? 2
-                                                                                       : 3;
   static bool supports(const Impl& m) {
     return ::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&m.options.padding_mode()) != nullptr;
   }
   // One grouped convolution: the sets become groups.
   static stacked forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
-    namespace F = torch::nn::functional;
-    const auto& o = m.options;
     const at::Tensor& w = p.leaf(0);  // [sets, out, in/groups, kernel...]
-    const bool unbatched = x.value.dim() - (x.mapped ? 1 : 0) == dims + 1;
+    const bool unbatched = x.value.dim() - (x.mapped ? 1 : 0) == static_cast<std::int64_t>(detail::conv_dims<Impl>) + 1;
     const at::Tensor input = detail::sets_as_channels(x, ctx.sets, unbatched);
     std::vector<std::int64_t> weight_shape{ctx.sets * w.size(1)};
     weight_shape.insert(weight_shape.end(), w.sizes().begin() + 2, w.sizes().end());
     const at::Tensor weight = w.reshape(weight_shape);
     const at::Tensor bias = p.leaf(1).defined() ? p.leaf(1).reshape({-1}) : at::Tensor();
-    const std::int64_t groups = ctx.sets * o.groups();
-    at::Tensor y;
-    if constexpr (dims == 1)
-      y = F::detail::conv1d(input, weight, bias, o.stride(), o.padding(), o.dilation(), groups);
-    else if constexpr (dims == 2)
-      y = F::detail::conv2d(input, weight, bias, o.stride(), o.padding(), o.dilation(), groups);
-    else
-      y = F::detail::conv3d(input, weight, bias, o.stride(), o.padding(), o.dilation(), groups);
+    const at::Tensor y = detail::conv_nd(m, input, weight, bias, m.options.padding(), ctx.sets * m.options.groups());
     return {detail::channels_as_sets(y, ctx.sets, unbatched), true};
   }
 };

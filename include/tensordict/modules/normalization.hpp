@@ -63,6 +63,14 @@ struct functional<Impl> {
   }
 };
 
+namespace detail {
+// The dims of an unbatched input ([C, L], [C, H, W], [C, D, H, W]).
+template <class Impl>
+inline constexpr std::int64_t instance_norm_unbatched_dims = std::is_same_v<Impl, torch::nn::InstanceNorm1dImpl>   ? 2
+                                                             : std::is_same_v<Impl, torch::nn::InstanceNorm2dImpl> ? 3
+                                                                                                                     : 4;
+}  // namespace detail
+
 template <class Impl>
   requires std::is_same_v<Impl, torch::nn::InstanceNorm1dImpl> || std::is_same_v<Impl, torch::nn::InstanceNorm2dImpl> ||
            std::is_same_v<Impl, torch::nn::InstanceNorm3dImpl>
@@ -71,9 +79,7 @@ struct functional<Impl> {
   // As InstanceNormImpl::forward: with running stats in training, the
   // TensorDict's buffers are updated in place.
   static at::Tensor forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const at::Tensor& x) {
-    constexpr std::int64_t unbatched_dims = std::is_same_v<Impl, torch::nn::InstanceNorm1dImpl>   ? 2
-                                            : std::is_same_v<Impl, torch::nn::InstanceNorm2dImpl> ? 3
-                                                                                                    : 4;
+    constexpr std::int64_t unbatched_dims = detail::instance_norm_unbatched_dims<Impl>;
     const auto& o = m.options;
     auto norm = [&](const at::Tensor& input) {
       return torch::nn::functional::detail::instance_norm(input, p.leaf(2), p.leaf(3), p.leaf(0), p.leaf(1),
@@ -160,9 +166,7 @@ template <class Impl>
 struct batched<Impl> {
   static constexpr bool is_batched = true;
   static stacked forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
-    constexpr std::int64_t unbatched_dims = std::is_same_v<Impl, torch::nn::InstanceNorm1dImpl>   ? 2
-                                            : std::is_same_v<Impl, torch::nn::InstanceNorm2dImpl> ? 3
-                                                                                                    : 4;
+    constexpr std::int64_t unbatched_dims = detail::instance_norm_unbatched_dims<Impl>;
     const auto& o = m.options;
     const bool unbatched = x.value.dim() - (x.mapped ? 1 : 0) == unbatched_dims;
     const at::Tensor input = detail::sets_as_channels(x, ctx.sets, unbatched);
