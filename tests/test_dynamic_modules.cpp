@@ -14,6 +14,9 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/modules/transformer.h>
+#include <torch/nn/modules/transformercoder.h>
 
 #include <tensordict/functional_vmap.hpp>
 #include <tensordict/reset_parameters.hpp>
@@ -411,6 +414,100 @@ TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, 
     auto [eval_y, eval_state] = nn::functional_vmap(members[0], params, nn::args(x));
     CHECK(at::allclose(eval_y[1], std::get<0>(functional_call(members[0], params[1], x)), 1e-5, 1e-6));
   }
+}
+
+TEST_CASE("TransformerEncoder, TransformerDecoder, Transformer: from_module, to_module, functional_call, functional_vmap",
+          "[dynamic_modules]") {
+  using namespace torch::nn;
+  auto encoder_layer = TransformerEncoderLayer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
+  auto decoder_layer = TransformerDecoderLayer(TransformerDecoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
+  auto make_encoder = [&] { return TransformerEncoder(TransformerEncoderOptions(encoder_layer, 2).norm(AnyModule(LayerNorm(LayerNormOptions({8}))))); };
+  auto make_decoder = [&] { return TransformerDecoder(TransformerDecoderOptions(decoder_layer, 2)); };
+  TransformerEncoder encoder = make_encoder();
+  TransformerDecoder decoder = make_decoder();
+  auto src = at::randn({5, 3, 8}), tgt = at::randn({4, 3, 8});
+  auto src_mask = at::zeros({5, 5});
+  src_mask.select(0, 1).select(0, 4).fill_(-1e4);
+  auto tgt_padding = at::zeros({3, 4}, at::kBool);
+  tgt_padding.select(0, 2).select(0, 3).fill_(true);
+
+  auto params = from_module(encoder);
+  CHECK(params.keys(true, true).size() == 2 * 12 + 2);  // 2 layers of 12 tensors, the norm's 2
+  CHECK(impl(params.get("layers", "1", "linear2", "weight")) == impl(encoder->layers->at<TransformerEncoderLayerImpl>(1).linear2->weight));
+  const at::Tensor y0 = encoder->forward(src, src_mask);
+  auto other = randn_like(params).apply([](const at::Tensor& t) { return t.mul(0.3).requires_grad_(); });
+  TransformerEncoder twin = make_encoder();  // holds `other` as its own values
+  to_module_(other.detach(), twin);
+  const at::Tensor expected = twin->forward(src, src_mask);
+  {
+    auto swap = to_module(other, encoder);
+    CHECK(at::allclose(encoder->forward(src, src_mask), expected, 1e-5, 1e-6));
+  }
+  CHECK(at::allclose(encoder->forward(src, src_mask), y0));
+  at::Tensor y = functional_call(encoder, other, src, src_mask);
+  CHECK(at::allclose(y, expected, 1e-5, 1e-6));
+  CHECK(at::allclose(encoder->forward(src, src_mask), y0));  // the module untouched
+  y.sum().backward();
+  CHECK(other.get("layers", "0", "self_attn", "in_proj_weight").grad().defined());
+  CHECK(other.get("norm", "weight").grad().defined());
+
+  auto memory = at::randn({6, 3, 8});
+  auto decoder_params = randn_like(from_module(decoder)).apply([](const at::Tensor& t) { return t.mul(0.3); });
+  TransformerDecoder decoder_twin = make_decoder();
+  to_module_(decoder_params, decoder_twin);
+  CHECK_FALSE(decoder_params.contains("norm"));
+  CHECK(at::allclose(functional_call(decoder, decoder_params, tgt, memory, at::Tensor(), at::Tensor(), tgt_padding),
+                     decoder_twin->forward(tgt, memory, {}, {}, tgt_padding), 1e-5, 1e-6));
+
+  Transformer transformer(TransformerOptions(8, 2, 1, 1).dim_feedforward(16).dropout(0.0));
+  auto transformer_params = randn_like(from_module(transformer)).apply([](const at::Tensor& t) { return t.mul(0.3); });
+  CHECK(transformer_params.contains("encoder", "layers", "0", "linear1", "bias"));
+  CHECK(transformer_params.contains("decoder", "norm", "weight"));
+  Transformer transformer_twin(transformer->options);
+  to_module_(transformer_params, transformer_twin);
+  auto causal = TransformerImpl::generate_square_subsequent_mask(4);
+  CHECK(at::allclose(functional_call(transformer, transformer_params, src, tgt, at::Tensor(), causal),
+                     transformer_twin->forward(src, tgt, {}, causal), 1e-5, 1e-6));
+
+  // A wrong shape throws before anything changes, naming the key.
+  auto wrong = params.clone();
+  wrong.set(any_key_path{"layers", "1", "norm1", "weight"}, at::ones({7}));
+  CHECK_THROWS_WITH(to_module(wrong, encoder), Contains("\"layers\", \"1\", \"norm1\", \"weight\""));
+  CHECK(at::allclose(encoder->forward(src, src_mask), y0));
+
+  // functional_vmap: lowered (without masks) equals the members' own forwards and the loop, with gradients.
+  std::vector<TransformerEncoder> encoders{make_encoder(), make_encoder(), make_encoder()};
+  auto stacked = from_modules(encoders).apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+  at::Tensor ys = nn::functional_vmap(encoders[0], stacked, nn::args(src));
+  at::Tensor looped = nn::functional_vmap(encoders[0], stacked, nn::args(src), {}, {}, {.loop = true});
+  REQUIRE(ys.sizes() == c10::IntArrayRef{3, 5, 3, 8});
+  for (int i = 0; i < 3; ++i) CHECK(at::allclose(ys[i], encoders[static_cast<std::size_t>(i)]->forward(src), 1e-4, 1e-5));
+  CHECK(at::allclose(ys, looped, 1e-4, 1e-5));
+  const auto& w = stacked.get("layers", "1", "linear1", "weight");
+  auto lowered_grad = torch::autograd::grad({ys.pow(2).sum()}, {w})[0];
+  auto loop_grad = torch::autograd::grad({looped.pow(2).sum()}, {w})[0];
+  CHECK(at::allclose(lowered_grad, loop_grad, 1e-4, 1e-5));
+  at::Tensor direct = nn::batched<TransformerEncoderImpl>::forward(*encoders[0], stacked, std::make_tuple(src),
+                                                                   std::array<bool, 1>{false}, {.sets = 3});
+  CHECK(at::allclose(direct, ys, 1e-5, 1e-6));
+  // With a mask: the loop.
+  at::Tensor masked = nn::functional_vmap(encoders[0], stacked, nn::args(src, src_mask));
+  CHECK(at::allclose(masked[1], encoders[1]->forward(src, src_mask), 1e-4, 1e-5));
+
+  std::vector<Transformer> transformers{Transformer(transformer->options), Transformer(transformer->options)};
+  auto tgts = at::randn({2, 4, 3, 8});  // per set
+  at::Tensor outs = nn::functional_vmap(transformers[0], from_modules(transformers), nn::args(src),
+                                        nn::kwargs(nn::kw<"tgt">(tgts)), nn::in_dims(nn::in_dim_of<"tgt">(0)));
+  for (int i = 0; i < 2; ++i)
+    CHECK(at::allclose(outs[i], transformers[static_cast<std::size_t>(i)]->forward(src, tgts[i]), 1e-4, 1e-5));
+
+  // In a run-time Sequential: the encoder's functional and batched forms from the registry.
+  auto make_net = [&] { return Sequential(Linear(4, 8), make_encoder()); };
+  std::vector<Sequential> nets{make_net(), make_net()};
+  auto x = at::randn({5, 3, 4});
+  at::Tensor net_ys = nn::functional_vmap(nets[0], from_modules(nets), nn::args(x));
+  for (int i = 0; i < 2; ++i) CHECK(at::allclose(net_ys[i], nets[static_cast<std::size_t>(i)]->forward(x), 1e-4, 1e-5));
+  CHECK(at::allclose(functional_call(nets[0], from_module(nets[1]), x), nets[1]->forward(x), 1e-5, 1e-6));
 }
 
 TEST_CASE("dynamic reset_parameters: a Sequential and an LSTM, one draw per set, the modules untouched", "[dynamic_modules]") {

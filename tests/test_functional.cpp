@@ -539,6 +539,61 @@ TEST_CASE("TransformerEncoderLayer: functional_call equals its forward (ReLU, GE
   CHECK(at::allclose(functional_call(net, other, x), expected, 1e-5, 1e-6));
 }
 
+TEST_CASE("TransformerDecoderLayer: functional_call equals its forward with masks, gradients; reset_parameters", "[functional]") {
+  using namespace torch::nn;
+  for (bool gelu : {false, true}) {
+    auto options = TransformerDecoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0);
+    if (gelu) options.activation(torch::kGELU);
+    TransformerDecoderLayer layer(options);
+    auto params = from_module(layer).detach().clone().apply([](const at::Tensor& t) { return t.mul(0.9).requires_grad_(); });
+    CHECK(params.get<"multihead_attn", "in_proj_weight">().sizes() == c10::IntArrayRef{24, 8});
+    CHECK(impl(from_module(layer).get<"norm3", "weight">()) == impl(layer->norm3->weight));
+    auto tgt = at::randn({4, 3, 8}), memory = at::randn({6, 3, 8});
+    auto tgt_mask = at::zeros({4, 4});
+    tgt_mask.select(0, 0).select(0, 3).fill_(-1e4);
+    auto memory_padding = at::zeros({3, 6}, at::kBool);
+    memory_padding.select(0, 1).select(0, 5).fill_(true);
+    at::Tensor expected;
+    {
+      auto swap = to_module(params, layer, swap_mode::as_given);
+      expected = layer->forward(tgt, memory, tgt_mask, {}, {}, memory_padding);
+    }
+    at::Tensor y = functional_call(layer, params, tgt, memory, tgt_mask, at::Tensor(), at::Tensor(), memory_padding);
+    CHECK(at::allclose(y, expected, 1e-5, 1e-6));
+    y.sum().backward();
+    CHECK(params.get<"multihead_attn", "in_proj_weight">().grad().defined());
+    CHECK(params.get<"norm3", "bias">().grad().defined());
+  }
+  TransformerDecoderLayer layer(TransformerDecoderLayerOptions(8, 2).dim_feedforward(16));
+  auto fresh = from_module(layer).detach().clone();
+  const auto kept = from_module(layer).detach().clone();
+  nn::reset_parameters(layer, fresh);
+  CHECK_FALSE(at::allclose(fresh.get<"multihead_attn", "in_proj_weight">(), kept.get<"multihead_attn", "in_proj_weight">()));
+  CHECK(at::equal(layer->linear1->weight, kept.get<"linear1", "weight">()));
+}
+
+TEST_CASE("EmbeddingBag: functional_call equals its forward (modes, offsets, per-sample weights), gradients", "[functional]") {
+  using namespace torch::nn;
+  check_functional_call(EmbeddingBag(EmbeddingBagOptions(10, 3).mode(torch::kMax)), at::randint(0, 10, {4, 5}));
+  EmbeddingBag bag(EmbeddingBagOptions(10, 3).mode(torch::kSum).include_last_offset(true));
+  auto params = from_module(bag).detach().clone().apply([](const at::Tensor& t) { return t.mul(0.5).requires_grad_(); });
+  CHECK(impl(from_module(bag).get<"weight">()) == impl(bag->weight));
+  auto indices = at::randint(0, 10, {7});
+  auto offsets = at::tensor(std::vector<std::int64_t>{0, 2, 2, 7});
+  auto per_sample = at::randn({7});
+  at::Tensor expected;
+  {
+    auto swap = to_module(params, bag, swap_mode::as_given);
+    expected = bag->forward(indices, offsets, per_sample);
+  }
+  at::Tensor y = functional_call(bag, params, indices, offsets, per_sample);
+  CHECK(y.sizes() == c10::IntArrayRef{3, 3});
+  CHECK(at::allclose(y, expected, 1e-5, 1e-6));
+  y.sum().backward();
+  CHECK(params.get<"weight">().grad().defined());
+  CHECK_FALSE(bag->weight.grad().defined());
+}
+
 TEST_CASE("functional_call of BatchNorm in training updates the TensorDict's statistics", "[functional]") {
   torch::nn::BatchNorm1d bn(4);
   auto stats = from_module(bn).detach().clone();

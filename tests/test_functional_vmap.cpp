@@ -156,6 +156,21 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
   auto embeddings = copies<torch::nn::Embedding>(3, [] { return torch::nn::Embedding(10, 4); });
   check_three_paths(embeddings, at::randint(0, 10, {2, 5}), false);
   check_three_paths(embeddings, at::randint(0, 10, {3, 2, 5}), true);
+  auto bags = copies<torch::nn::EmbeddingBag>(3, [] { return torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(10, 4)); });
+  check_three_paths(bags, at::randint(0, 10, {2, 5}), false, false);
+  check_three_paths(bags, at::randint(0, 10, {3, 2, 5}), true, false);
+
+  auto transposed = copies<torch::nn::ConvTranspose2d>(3, [] {
+    return torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(4, 6, 3).stride(2).output_padding(1).groups(2));
+  });
+  check_three_paths(transposed, at::randn({2, 4, 5, 5}), false);
+  check_three_paths(transposed, at::randn({3, 2, 4, 5, 5}), true);
+  auto transposed1d = copies<torch::nn::ConvTranspose1d>(2, [] {
+    return torch::nn::ConvTranspose1d(torch::nn::ConvTranspose1dOptions(2, 3, 3).bias(false).dilation(2));
+  });
+  check_three_paths(transposed1d, at::randn({2, 6}), false);  // unbatched
+  auto transposed3d = copies<torch::nn::ConvTranspose3d>(2, [] { return torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(1, 2, 2)); });
+  check_three_paths(transposed3d, at::randn({1, 1, 3, 3, 3}), false);
 
   auto bns = copies<torch::nn::BatchNorm1d>(3, [] {
     torch::nn::BatchNorm1d bn(4);
@@ -191,6 +206,67 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
   STATIC_REQUIRE(!tdn::fully_lowered<EncoderImpl>());
   auto encoders = copies<Encoder>(3, [] { return Encoder(); });
   check_three_paths(encoders, at::randn({4, 3}), false);
+}
+
+TEST_CASE("TransformerDecoderLayer: lowered (target and memory, each shared or per set) equals the loop and its forwards",
+          "[functional_vmap]") {
+  using torch::nn::TransformerDecoderLayer;
+  using torch::nn::TransformerDecoderLayerOptions;
+  auto layers = copies<TransformerDecoderLayer>(3, [] {
+    return TransformerDecoderLayer(TransformerDecoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
+  });
+  auto stacked = from_modules(layers);
+  auto lowered_params = trainable(stacked), loop_params = trainable(stacked);
+  auto tgt = at::randn({4, 2, 8}), memory = at::randn({3, 5, 2, 8});  // memory per set
+  auto kw = tdn::kwargs(tdn::kw<"memory">(memory));
+  auto dims = tdn::in_dims(tdn::in_dim_of<"memory">(0));
+  at::Tensor lowered = tdn::functional_vmap(layers[0], lowered_params, tdn::args(tgt), kw, dims);
+  at::Tensor looped = tdn::functional_vmap(layers[0], loop_params, tdn::args(tgt), kw, dims, {.loop = true});
+  REQUIRE(lowered.sizes() == c10::IntArrayRef{3, 4, 2, 8});
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    CHECK(lowered[static_cast<std::int64_t>(i)].allclose(layers[i]->forward(tgt, memory[static_cast<std::int64_t>(i)]), 1e-4, 1e-5));
+  CHECK(lowered.allclose(looped, 1e-4, 1e-5));
+  lowered.pow(2).sum().backward();
+  looped.pow(2).sum().backward();
+  auto gl = grads(lowered_params), gp = grads(loop_params);
+  REQUIRE(gl.size() == gp.size());
+  for (std::size_t i = 0; i < gl.size(); ++i) CHECK(gl[i].allclose(gp[i], 1e-4, 1e-5));
+  // The batched form itself, with both inputs shared.
+  auto shared_memory = at::randn({5, 2, 8});
+  at::Tensor direct = tdn::batched<torch::nn::TransformerDecoderLayerImpl>::forward(
+      *layers[0], stacked, std::make_tuple(tgt, shared_memory), std::array<bool, 2>{false, false}, {.sets = 3});
+  CHECK(direct[2].allclose(layers[2]->forward(tgt, shared_memory), 1e-4, 1e-5));
+}
+
+TEST_CASE("EmbeddingBag: lowered with offsets and per-sample weights (shared or per set) equals its forwards and the loop",
+          "[functional_vmap]") {
+  for (bool last : {false, true}) {
+    auto bags = copies<torch::nn::EmbeddingBag>(3, [&] {
+      return torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(10, 4).mode(torch::kSum).include_last_offset(last));
+    });
+    auto stacked = from_modules(bags);
+    auto lowered_params = trainable(stacked), loop_params = trainable(stacked);
+    auto indices = at::randint(0, 10, {3, 7});  // per set
+    auto offsets = last ? at::tensor(std::vector<std::int64_t>{0, 3, 3, 7}) : at::tensor(std::vector<std::int64_t>{0, 3, 3});
+    auto per_sample = at::randn({7});
+    auto kw = tdn::kwargs(tdn::kw<"input">(indices), tdn::kw<"offsets">(offsets), tdn::kw<"per_sample_weights">(per_sample));
+    auto dims = tdn::in_dims(tdn::in_dim_of<"input">(0));
+    at::Tensor lowered = tdn::functional_vmap(bags[0], lowered_params, {}, kw, dims);
+    at::Tensor looped = tdn::functional_vmap(bags[0], loop_params, {}, kw, dims, {.loop = true});
+    REQUIRE(lowered.sizes() == c10::IntArrayRef{3, 3, 4});
+    for (std::int64_t i = 0; i < 3; ++i)
+      CHECK(lowered[i].allclose(bags[static_cast<std::size_t>(i)]->forward(indices[i], offsets, per_sample), 1e-5, 1e-6));
+    CHECK(lowered.allclose(looped, 1e-5, 1e-6));
+    lowered.pow(2).sum().backward();
+    looped.pow(2).sum().backward();
+    CHECK(lowered_params.get<"weight">().grad().allclose(loop_params.get<"weight">().grad(), 1e-5, 1e-6));
+  }
+  auto means = copies<torch::nn::EmbeddingBag>(2, [] { return torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(6, 2)); });
+  auto offsets_per_set = at::tensor(std::vector<std::int64_t>{0, 1, 0, 4}).view({2, 2});
+  auto indices = at::randint(0, 6, {5});
+  at::Tensor y = tdn::functional_vmap(means[0], from_modules(means), tdn::args(indices), tdn::kwargs(tdn::kw<"offsets">(offsets_per_set)),
+                                      tdn::in_dims(tdn::in_dim_of<"offsets">(0)));
+  CHECK(y[1].allclose(means[1]->forward(indices, offsets_per_set[1]), 1e-5, 1e-6));
 }
 
 TEST_CASE("several batch dims are flattened and restored", "[functional_vmap]") {

@@ -111,7 +111,7 @@ struct in_dims_names_no_kwarg {
 // supports its options), else vmap of its functional call.
 template <class Impl, class S>
 stacked call_stacked(Impl& m, const TensorDict<S>& p, const stacked& x, const batch_context& ctx) {
-  if constexpr (has_batched_form<Impl>) {
+  if constexpr (has_stacked_form<Impl>) {
     bool lowered = true;
     if constexpr (requires { batched<Impl>::supports(m); }) lowered = batched<Impl>::supports(m);
     if (lowered) return batched<Impl>::forward(m, p, x, ctx);
@@ -321,15 +321,28 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
       return (impl.*Method)(in...);
     }
   };
-  auto lowered = detail::one_tensor_lowering([&impl](const TensorDict<schema_of<Impl>>& p, const stacked& x,
-                                                     const batch_context& ctx) -> std::optional<stacked> {
-    if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && has_batched_form<Impl>) {
+  auto one_tensor = detail::one_tensor_lowering([&impl](const TensorDict<schema_of<Impl>>& p, const stacked& x,
+                                                        const batch_context& ctx) -> std::optional<stacked> {
+    if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && has_stacked_form<Impl>) {
       return call_stacked(impl, p, x, ctx);
     } else {
       (void)impl;  // used by the lowered branch only
       return std::nullopt;
     }
   });
+  // A batched form of several inputs (a decoder layer's target and memory).
+  auto lowered = [&impl, &one_tensor](const TensorDict<schema_of<Impl>>& p, const auto& in, const auto& mapped,
+                                      const batch_context& ctx) {
+    if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> &&
+                  requires { batched<Impl>::forward(impl, p, in, mapped, ctx); }) {
+      using Out = decltype(batched<Impl>::forward(impl, p, in, mapped, ctx));
+      if constexpr (requires { batched<Impl>::supports(impl); })
+        if (!batched<Impl>::supports(impl)) return std::optional<Out>();
+      return std::optional<Out>(batched<Impl>::forward(impl, p, in, mapped, ctx));
+    } else {
+      return one_tensor(p, in, mapped, ctx);
+    }
+  };
   return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims,
                                      std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered);
 }
@@ -423,15 +436,22 @@ auto functional_vmap(M&& module, const AnyTensorDict& params, Args args = {}, Kw
   auto call_one = [&impl](const AnyTensorDict& one, const auto&... in) {
     return functional<Impl>::forward(impl, ::tensordict::detail::with_module_tensors(impl, one), in...);
   };
-  bool lowers = has_batched_form<Impl>;
+  // Lowered where the type's batched form takes these inputs and supports
+  // the options, and params hold every tensor of the module (a partial
+  // params fills the rest from the module per set: the loop).
+  constexpr bool has_form = requires(const std::array<bool, std::tuple_size_v<decltype(inputs)>>& mapped) {
+    batched<Impl>::forward(impl, p, inputs, mapped, batch_context{});
+  };
+  bool lowers = has_form;
   if constexpr (requires { batched<Impl>::supports(impl); }) lowers = lowers && batched<Impl>::supports(impl);
-  for (const auto& [name, tensor] : runtime_layout<Impl>::members(impl))
-    if (tensor->defined() && !p.contains(name)) lowers = false;
+  if (lowers)
+    for (const auto& path : ::tensordict::from_module(impl).keys(true, true))
+      if (!p.contains(path)) lowers = false;
   if (!lowers) options.loop = true;
   auto lowered = [&impl](const AnyTensorDict& stacked_params, const auto& in, const auto& mapped, const batch_context& ctx) {
     using Out = decltype(std::apply(
         [&](const auto&... x) { return functional<Impl>::forward(impl, stacked_params, x...); }, in));
-    if constexpr (has_batched_form<Impl>)
+    if constexpr (has_form)
       return std::optional<Out>(batched<Impl>::forward(impl, stacked_params, in, mapped, ctx));
     else
       return std::optional<Out>();

@@ -9,12 +9,15 @@
 // compute with the old tensors, a silent wrong answer.
 #pragma once
 
+#include <array>
+#include <concepts>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <tuple>
 #include <typeindex>
 #include <unordered_map>
 #include <utility>
@@ -72,6 +75,28 @@ module_kind kind_of() {
     kind.type_name = c10::demangle(typeid(Impl).name());
     kind.members = [](torch::nn::Module& m) { return runtime_layout<Impl>::members(dynamic_cast<Impl&>(m)); };
     kind.reset = [](torch::nn::Module& m) { reset_module(dynamic_cast<Impl&>(m)); };
+    // Forms of one input tensor (a TransformerEncoder in a Sequential).
+    if constexpr (requires(Impl& m, const AnyTensorDict& p, const at::Tensor& x) {
+                    { functional<Impl>::forward(m, p, x) } -> std::same_as<at::Tensor>;
+                  })
+      kind.forward = [](torch::nn::Module& m, const AnyTensorDict& p, const at::Tensor& x) -> at::Tensor {
+        return functional<Impl>::forward(dynamic_cast<Impl&>(m), p, x);
+      };
+    if constexpr (requires(Impl& m, const AnyTensorDict& p, const at::Tensor& x, const batch_context& ctx) {
+                    { batched<Impl>::forward(m, p, std::tuple<at::Tensor>(x), std::array<bool, 1>{}, ctx) } -> std::same_as<at::Tensor>;
+                  })
+      kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x,
+                        const batch_context& ctx) -> std::optional<stacked> {
+        auto& impl = dynamic_cast<Impl&>(m);
+        if constexpr (requires { batched<Impl>::supports(impl); })
+          if (!batched<Impl>::supports(impl)) return std::nullopt;
+        AnyTensorDict own;
+        any_key_path path;
+        ::tensordict::detail::collect(m, own, path);
+        for (const auto& key : own.keys(true, true))
+          if (!p.contains(key)) return std::nullopt;  // partial params: the rest comes from the module, per set
+        return stacked{batched<Impl>::forward(impl, p, std::tuple<at::Tensor>(x.value), std::array<bool, 1>{x.mapped}, ctx), true};
+      };
     return kind;
   } else if constexpr (!described_module<Impl>) {
     ::tensordict::compile_error::report<compile_error::registered_type_without_schema<Impl>>();
@@ -89,7 +114,7 @@ module_kind kind_of() {
           return functional<Impl>::forward(dynamic_cast<Impl&>(m), p.to_typed<S>({.allow_missing = true}), x);
         };
     }
-    if constexpr (has_batched_form<Impl>) {
+    if constexpr (has_stacked_form<Impl>) {
       kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x,
                         const batch_context& ctx) -> std::optional<stacked> {
         auto& impl = dynamic_cast<Impl&>(m);

@@ -358,6 +358,17 @@ struct batched;
 template <class Impl>
 concept has_batched_form = requires { batched<Impl>::is_batched; };
 
+// A batched form of one stacked value (a layer in a chain): forward(module,
+// params, stacked, context) -> stacked. A type whose forward takes several
+// inputs (a decoder layer: target and memory) has instead forward(module,
+// params, inputs tuple, which inputs are mapped, context) -> its outputs.
+template <class Impl>
+concept has_stacked_form =
+    has_batched_form<Impl> && !runtime_layout_module<Impl> &&
+    requires(Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
+      { batched<Impl>::forward(m, p, x, ctx) } -> std::convertible_to<stacked>;
+    };
+
 namespace detail {
 inline at::Tensor expand_sets(const stacked& x, std::int64_t sets) {
   if (x.mapped) return x.value;

@@ -4,10 +4,10 @@
 // (packed or separate in-projections, bias, add_bias_kv); functional form:
 // F::multi_head_attention_forward with the TensorDict's tensors, as the
 // module's own forward (masks, need_weights, average_attn_weights); its
-// initialisation is its _reset_parameters(). Its batched self-attention
-// (for TransformerEncoderLayer's batched form) folds the sets into the batch
-// of one attention: the in-projections of every set as one baddbmm, the
-// scores of every set, batch row and head as one bmm.
+// initialisation is its _reset_parameters(). Its batched attention (for the
+// transformer layers' batched forms) folds the sets into the batch of one
+// attention: the in-projections of every set as one baddbmm, the scores of
+// every set, batch row and head as one bmm.
 #pragma once
 
 #include <cmath>
@@ -83,32 +83,47 @@ struct initializer<torch::nn::MultiheadAttentionImpl> {
 };
 
 namespace detail {
-// Self-attention of a stacked [sets, L, N, E] sequence, without masks, as
-// MultiheadAttentionImpl::forward(x, x, x)'s output; for the options that
-// supports() accepts.
-struct batched_self_attention {
+// Attention of a stacked query [sets, Lq, N, E] over a stacked key-value
+// sequence [sets, Lk, N, E] (the same tensor for self-attention), without
+// masks, as MultiheadAttentionImpl::forward(q, kv, kv)'s output; for the
+// options that supports() accepts.
+struct batched_attention {
   using Impl = torch::nn::MultiheadAttentionImpl;
   static bool supports(const Impl& m) {
     return m._qkv_same_embed_dim && !m.bias_k.defined() && !m.options.add_zero_attn() &&
            (!m.is_training() || m.options.dropout() == 0);
   }
-  static at::Tensor forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const at::Tensor& x) {
+  static at::Tensor forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const at::Tensor& query,
+                            const at::Tensor& key_value) {
     using F = functional<Impl>;
-    const std::int64_t sets = x.size(0), length = x.size(1), batch = x.size(2), embed = x.size(3);
+    const std::int64_t sets = query.size(0), length = query.size(1), batch = query.size(2), embed = query.size(3);
+    const std::int64_t source_length = key_value.size(1);
     const std::int64_t heads = m.options.num_heads(), head_dim = embed / heads;
     auto project = [](const at::Tensor& rows, const at::Tensor& weight, const at::Tensor& bias) {
       return bias.defined() ? at::baddbmm(bias.unsqueeze(1), rows, weight.transpose(1, 2)) : at::bmm(rows, weight.transpose(1, 2));
     };
-    const at::Tensor qkv = project(x.reshape({sets, length * batch, embed}), F::leaf<"in_proj_weight">(p),
-                                   F::leaf<"in_proj_bias">(p));
+    const at::Tensor& w = F::leaf<"in_proj_weight">(p);
+    const at::Tensor& b = F::leaf<"in_proj_bias">(p);
+    auto rows_of = [&](const at::Tensor& x) { return x.reshape({sets, x.size(1) * batch, embed}); };
     // [sets, L*N, E] -> [sets*N*heads, L, head_dim], as the module folds its batch and heads.
-    auto split_heads = [&](const at::Tensor& t) {
-      return t.view({sets, length, batch, heads, head_dim}).permute({0, 2, 3, 1, 4}).reshape({sets * batch * heads, length, head_dim});
+    auto split_heads = [&](const at::Tensor& t, std::int64_t len) {
+      return t.view({sets, len, batch, heads, head_dim}).permute({0, 2, 3, 1, 4}).reshape({sets * batch * heads, len, head_dim});
     };
-    const auto parts = qkv.chunk(3, 2);
-    const at::Tensor q = split_heads(parts[0]) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
-    const at::Tensor weights = at::softmax(at::bmm(q, split_heads(parts[1]).transpose(1, 2)), -1);
-    const at::Tensor attended = at::bmm(weights, split_heads(parts[2]))
+    at::Tensor q, k, v;
+    if (query.is_same(key_value)) {  // one GEMM for the three projections
+      const auto parts = project(rows_of(query), w, b).chunk(3, 2);
+      q = parts[0], k = parts[1], v = parts[2];
+    } else {
+      auto part = [&](const at::Tensor& t, std::int64_t first, std::int64_t count) {
+        return t.defined() ? t.narrow(1, first, count) : t;
+      };
+      q = project(rows_of(query), part(w, 0, embed), part(b, 0, embed));
+      const auto kv = project(rows_of(key_value), part(w, embed, 2 * embed), part(b, embed, 2 * embed)).chunk(2, 2);
+      k = kv[0], v = kv[1];
+    }
+    q = split_heads(q, length) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
+    const at::Tensor weights = at::softmax(at::bmm(q, split_heads(k, source_length).transpose(1, 2)), -1);
+    const at::Tensor attended = at::bmm(weights, split_heads(v, source_length))
                                     .view({sets, batch * heads, length, head_dim})
                                     .transpose(1, 2)
                                     .reshape({sets, length * batch, embed});

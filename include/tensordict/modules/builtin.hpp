@@ -24,7 +24,7 @@ using builtin_modules = typename concat_lists<linear_family, conv_family, normal
                                               parameter_free_family>::type;
 
 // The built-in types whose tensors are named by their options (no schema).
-using builtin_runtime_layout_modules = recurrent_layers_family;
+using builtin_runtime_layout_modules = typename concat_lists<recurrent_layers_family, transformer_stacks_family>::type;
 
 // A type in a family's list has a schema and a functional form (its adapter).
 template <class... Impl>

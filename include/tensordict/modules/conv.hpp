@@ -1,6 +1,6 @@
 // The adapters of the convolutions: Conv1d/2d/3d and ConvTranspose1d/2d/3d, schema
-// {weight, bias}; functional forms for all (with the padding modes);
-// Conv1d/2d/3d's batched form is one grouped convolution, the sets as groups.
+// {weight, bias}; functional forms for all (with the padding modes); their
+// batched form is one grouped convolution, the sets as groups.
 #pragma once
 
 #include <cstddef>
@@ -35,11 +35,16 @@ TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::ConvTranspose2dImpl)
 TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::ConvTranspose3dImpl)
 
 namespace detail {
-// Conv1d/2d/3d: their spatial dims, and the convolution of that many dims.
+// A convolution's spatial dims, and the convolution of that many dims.
 template <class Impl>
-inline constexpr std::size_t conv_dims = std::is_same_v<Impl, torch::nn::Conv1dImpl>   ? 1
-                                         : std::is_same_v<Impl, torch::nn::Conv2dImpl> ? 2
-                                                                                         : 3;
+inline constexpr std::size_t conv_dims =
+    std::is_same_v<Impl, torch::nn::Conv1dImpl> || std::is_same_v<Impl, torch::nn::ConvTranspose1dImpl>   ? 1
+    : std::is_same_v<Impl, torch::nn::Conv2dImpl> || std::is_same_v<Impl, torch::nn::ConvTranspose2dImpl> ? 2
+                                                                                                            : 3;
+template <class Impl>
+inline constexpr bool is_transposed_conv = std::is_same_v<Impl, torch::nn::ConvTranspose1dImpl> ||
+                                           std::is_same_v<Impl, torch::nn::ConvTranspose2dImpl> ||
+                                           std::is_same_v<Impl, torch::nn::ConvTranspose3dImpl>;
 template <class Impl, class Padding>
 at::Tensor conv_nd(const Impl& m, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                    const Padding& padding, std::int64_t groups) {
@@ -51,6 +56,21 @@ at::Tensor conv_nd(const Impl& m, const at::Tensor& input, const at::Tensor& wei
     return F::detail::conv2d(input, weight, bias, o.stride(), padding, o.dilation(), groups);
   else
     return F::detail::conv3d(input, weight, bias, o.stride(), padding, o.dilation(), groups);
+}
+
+// The transposed convolution as forward(input) without output_size: the options' output_padding.
+template <class Impl>
+at::Tensor conv_transpose_nd(const Impl& m, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                             std::int64_t groups) {
+  const auto& o = m.options;
+  constexpr std::size_t dims = conv_dims<Impl>;
+  const auto& padding = ::tensordict::detail::compat::get<torch::ExpandingArray<dims>>(o.padding());
+  if constexpr (dims == 1)
+    return at::conv_transpose1d(input, weight, bias, o.stride(), padding, o.output_padding(), groups, o.dilation());
+  else if constexpr (dims == 2)
+    return at::conv_transpose2d(input, weight, bias, o.stride(), padding, o.output_padding(), groups, o.dilation());
+  else
+    return at::conv_transpose3d(input, weight, bias, o.stride(), padding, o.output_padding(), groups, o.dilation());
 }
 }  // namespace detail
 
@@ -81,25 +101,13 @@ struct functional<Impl> {
 };
 
 template <class Impl>
-  requires std::is_same_v<Impl, torch::nn::ConvTranspose1dImpl> || std::is_same_v<Impl, torch::nn::ConvTranspose2dImpl> ||
-           std::is_same_v<Impl, torch::nn::ConvTranspose3dImpl>
+  requires detail::is_transposed_conv<Impl>
 struct functional<Impl> {
   static constexpr bool is_functional = true;
-  // As forward(input) without output_size: the options' output_padding.
   static at::Tensor forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const at::Tensor& x) {
-    const auto& o = m.options;
-    if (!::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&o.padding_mode()))
+    if (!::tensordict::detail::compat::get_if<torch::enumtype::kZeros>(&m.options.padding_mode()))
       throw module_error("tensordict::functional_call: a transposed convolution supports only zero padding, as libtorch's own");
-    constexpr std::size_t dims = std::is_same_v<Impl, torch::nn::ConvTranspose1dImpl>   ? 1
-                                 : std::is_same_v<Impl, torch::nn::ConvTranspose2dImpl> ? 2
-                                                                                          : 3;
-    const auto& padding = ::tensordict::detail::compat::get<torch::ExpandingArray<dims>>(o.padding());
-    if constexpr (dims == 1)
-      return at::conv_transpose1d(x, p.leaf(0), p.leaf(1), o.stride(), padding, o.output_padding(), o.groups(), o.dilation());
-    else if constexpr (dims == 2)
-      return at::conv_transpose2d(x, p.leaf(0), p.leaf(1), o.stride(), padding, o.output_padding(), o.groups(), o.dilation());
-    else
-      return at::conv_transpose3d(x, p.leaf(0), p.leaf(1), o.stride(), padding, o.output_padding(), o.groups(), o.dilation());
+    return detail::conv_transpose_nd(m, x, p.leaf(0), p.leaf(1), m.options.groups());
   }
 };
 
@@ -128,9 +136,11 @@ inline at::Tensor channels_as_sets(const at::Tensor& y, std::int64_t sets, bool 
 }
 }  // namespace detail
 
+// Every convolution: one grouped convolution, the sets as groups (a
+// transposed one's weight is [in, out/groups, ...]: the sets stack its in
+// channels, as they stack a convolution's out channels).
 template <class Impl>
-  requires std::is_same_v<Impl, torch::nn::Conv1dImpl> || std::is_same_v<Impl, torch::nn::Conv2dImpl> ||
-           std::is_same_v<Impl, torch::nn::Conv3dImpl>
+  requires detail::in_list_v<Impl, detail::conv_family>
 struct batched<Impl> {
   static constexpr bool is_batched = true;
   static bool supports(const Impl& m) {
@@ -138,14 +148,19 @@ struct batched<Impl> {
   }
   // One grouped convolution: the sets become groups.
   static stacked forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
-    const at::Tensor& w = p.leaf(0);  // [sets, out, in/groups, kernel...]
+    const at::Tensor& w = p.leaf(0);  // [sets, out, in/groups, kernel...] (transposed: [sets, in, out/groups, kernel...])
     const bool unbatched = x.value.dim() - (x.mapped ? 1 : 0) == static_cast<std::int64_t>(detail::conv_dims<Impl>) + 1;
     const at::Tensor input = detail::sets_as_channels(x, ctx.sets, unbatched);
     std::vector<std::int64_t> weight_shape{ctx.sets * w.size(1)};
     weight_shape.insert(weight_shape.end(), w.sizes().begin() + 2, w.sizes().end());
     const at::Tensor weight = w.reshape(weight_shape);
     const at::Tensor bias = p.leaf(1).defined() ? p.leaf(1).reshape({-1}) : at::Tensor();
-    const at::Tensor y = detail::conv_nd(m, input, weight, bias, m.options.padding(), ctx.sets * m.options.groups());
+    const std::int64_t groups = ctx.sets * m.options.groups();
+    at::Tensor y;
+    if constexpr (detail::is_transposed_conv<Impl>)
+      y = detail::conv_transpose_nd(m, input, weight, bias, groups);
+    else
+      y = detail::conv_nd(m, input, weight, bias, m.options.padding(), groups);
     return {detail::channels_as_sets(y, ctx.sets, unbatched), true};
   }
 };

@@ -208,7 +208,7 @@ constexpr bool fully_lowered() {
       return (fully_lowered<impl_of_t<std::remove_cvref_t<decltype(std::declval<Impl&>().template child<I>())>>>() && ...);
     }(std::make_index_sequence<Impl::size()>{});
   } else {
-    return has_batched_form<Impl>;
+    return has_stacked_form<Impl>;
   }
 }
 }  // namespace nn
