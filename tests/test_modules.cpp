@@ -1,7 +1,10 @@
 #include "catch_torch.hpp"
+#include "test_helpers.hpp"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/randn.h>
+#include <torch/nn/modules/rnn.h>
 #include <torch/optim/adam.h>
 
 #include <tensordict/modules.hpp>
@@ -9,6 +12,7 @@
 using namespace tensordict;
 namespace tdn = tensordict::nn;
 using test::Contains;
+using test::impl;
 
 // Counts its re-initializations.
 struct CountingImpl : torch::nn::Module {
@@ -99,6 +103,59 @@ TEST_CASE("training an ensemble decreases its loss", "[modules]") {
     adam.step();
   }
   CHECK(loss_of().item<double>() < first * 0.2);
+}
+
+TEST_CASE("an ensemble of LSTMs: three out keys, run-time params, training decreases the loss", "[modules]") {
+  using lstm_member = tdn::TensorDictModule<torch::nn::LSTM, tdn::in_keys<"x">, tdn::out_keys<"y", "h", "c">>;
+  lstm_member member(torch::nn::LSTM(torch::nn::LSTMOptions(2, 4).num_layers(2).batch_first(true)));
+  TensorDict<x_only> single({at::randn({3, 6, 2})});
+  auto one = member->forward(single);
+  CHECK(one.get<"y">().allclose(std::get<0>(member->module->forward(single.get<"x">()))));
+  CHECK(one.get<"c">().sizes() == c10::IntArrayRef{2, 3, 4});
+
+  tdn::EnsembleModule<lstm_member> ensemble(member, 3);
+  STATIC_REQUIRE(std::is_same_v<decltype(ensemble->params), tdn::AnyTensorDictParams>);
+  CHECK(ensemble->parameters().size() == 8);  // the 2 layers' 8 tensors, each stacked over the copies
+  CHECK(ensemble->named_parameters().contains("params.weight_hh_l1"));
+  const auto& p = ensemble->params->tensordict();
+  CHECK(p.batch_size() == c10::IntArrayRef{3});
+  CHECK_FALSE(p.get("weight_ih_l0")[0].equal(p.get("weight_ih_l0")[1]));  // fresh copies
+  CHECK(impl(p.get("bias_hh_l1")) == impl(ensemble->named_parameters()["params.bias_hh_l1"]));
+
+  auto x = at::randn({8, 5, 2});
+  TensorDict<x_only> td({x});
+  auto out = ensemble->forward(td);
+  CHECK(out.batch_size() == c10::IntArrayRef{3});
+  REQUIRE(out.get<"y">().sizes() == c10::IntArrayRef{3, 8, 5, 4});
+  for (std::int64_t i = 0; i < 3; ++i) {
+    auto [y, state] = functional_call(member->module, p[i], x);
+    CHECK(out.get<"y">()[i].allclose(y, 1e-5, 1e-6));
+    CHECK(out.get<"h">()[i].allclose(std::get<0>(state), 1e-5, 1e-6));
+  }
+
+  // Each copy learns to give the running mean of the input's first feature at its last hidden unit.
+  auto target = x.select(2, 0).cumsum(1) / at::arange(1, 6, x.options());
+  torch::optim::Adam adam(ensemble->parameters(), 0.02);
+  auto loss_of = [&] { return (ensemble->forward(td).get<"y">().select(3, 3) - target).pow(2).mean(); };
+  const double first = loss_of().item<double>();
+  for (int step = 0; step < 60; ++step) {
+    adam.zero_grad();
+    loss_of().backward();
+    adam.step();
+  }
+  CHECK(loss_of().item<double>() < first * 0.5);
+}
+
+TEST_CASE("an ensemble of a run-time torch::nn::Sequential", "[modules]") {
+  using seq_member = tdn::TensorDictModule<torch::nn::Sequential, tdn::in_keys<"x">, tdn::out_keys<"y">>;
+  seq_member member(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Linear(8, 1)));
+  tdn::EnsembleModule<seq_member> ensemble(member, 4);
+  CHECK(ensemble->named_parameters().contains("params.2.bias"));
+  TensorDict<x_only> td({at::randn({5, 3})}, {5});
+  auto out = ensemble->forward(td);
+  CHECK(out.batch_size() == c10::IntArrayRef{4, 5});
+  const auto& p = ensemble->params->tensordict();
+  CHECK(out.get<"y">()[3].allclose(functional_call(member->module, p[3], td.get<"x">()), 1e-5, 1e-6));
 }
 
 TEST_CASE("dropout in an ensemble follows the randomness setting", "[modules]") {

@@ -176,6 +176,30 @@ TEST_CASE("to, and clone with its kinds and ties", "[params]") {
   CHECK(c->named_parameters().size() == p->named_parameters().size());
 }
 
+TEST_CASE("as_module for run-time models: a Sequential's and stacked LSTMs' tensors, registered as the module did", "[params]") {
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
+  tdn::AnyTensorDictParams params = from_module(net, tdn::as_module);
+  auto named = params->named_parameters();
+  CHECK(named.size() == 4);
+  CHECK(impl(named["0.weight"]) == impl(net[0]->as<torch::nn::Linear>()->weight));
+  CHECK(params->named_buffers().contains("1.running_mean"));
+  CHECK_FALSE(named.contains("1.running_mean"));
+  CHECK(impl(params->tensordict().get("1", "bias")) == impl(named["1.bias"]));
+
+  std::vector<torch::nn::LSTM> lstms{torch::nn::LSTM(2, 3), torch::nn::LSTM(2, 3)};
+  auto stacked = from_modules(lstms, tdn::as_module);
+  CHECK(stacked->parameters().size() == 4);
+  CHECK(stacked->tensordict().batch_size() == c10::IntArrayRef{2});
+  const auto before = stacked->tensordict().get("weight_hh_l0").clone();
+  torch::optim::SGD sgd(stacked->parameters(), 0.1);
+  auto x = at::randn({4, 1, 2});
+  auto [y, state] = tdn::functional_vmap(lstms[0], stacked->tensordict(), tdn::args(x));
+  y.sum().backward();
+  sgd.step();
+  CHECK_FALSE(stacked->tensordict().get("weight_hh_l0").equal(before));
+  CHECK_FALSE(lstms[0]->named_parameters()["weight_hh_l0"].equal(stacked->tensordict().get("weight_hh_l0")[0]));  // the modules keep theirs
+}
+
 TEST_CASE("torch::nn::Module::clone() works on TensorDictParams, keeping kinds and ties", "[params]") {
   // Issue 12, defect 5: the inherited clone() threw "clone() has not been implemented".
   auto td = from_module(make_mlp()).detach().clone();

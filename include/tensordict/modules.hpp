@@ -11,8 +11,12 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 #include <utility>
 
 #include <torch/nn/module.h>
@@ -39,6 +43,23 @@ struct tensordict_lacks_in_key {
 }  // namespace compile_error
 
 namespace detail {
+// How many tensors a module's output holds (a tensor, or nested tuples of them).
+template <class T>
+inline constexpr std::size_t tensor_count = 0;
+template <>
+inline constexpr std::size_t tensor_count<at::Tensor> = 1;
+template <class... Ts>
+inline constexpr std::size_t tensor_count<std::tuple<Ts...>> = (tensor_count<std::remove_cvref_t<Ts>> + ... + 0);
+
+// The output's tensors in order, depth first.
+template <class T>
+void flatten_output(const T& out, at::Tensor*& to) {
+  if constexpr (std::is_same_v<T, at::Tensor>)
+    *to++ = out;
+  else
+    std::apply([&](const auto&... parts) { (flatten_output(parts, to), ...); }, out);
+}
+
 // S with a leaf for each out key it does not have yet.
 template <class S, key... Out>
 struct with_out_keys;
@@ -62,7 +83,7 @@ class TensorDictModuleImpl;
 
 template <class Wrapped, key... In, key... Out>
 class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public torch::nn::Module {
-  static_assert(sizeof...(Out) == 1, "tensordict::nn::TensorDictModule: one out key per module output (a tensor).");
+  static_assert(sizeof...(Out) >= 1, "tensordict::nn::TensorDictModule: name an out key for each tensor the module returns.");
 
  public:
   using module_type = Wrapped;
@@ -90,15 +111,26 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
     }
   }
 
-  // The input plus `out` at the out key (batch size of the input, or `batch` when given).
-  template <class S>
-  static TensorDict<output_schema<S>> with_output(const TensorDict<S>& td, const at::Tensor& out,
+  // The input plus the output's tensors at the out keys, in order (an LSTM's
+  // (output, (h, c)) fills three keys); batch size of the input, or `batch`.
+  template <class S, class Output>
+  static TensorDict<output_schema<S>> with_output(const TensorDict<S>& td, const Output& out,
                                                   std::optional<c10::IntArrayRef> batch = std::nullopt) {
+    constexpr std::size_t count = detail::tensor_count<Output>;
+    static_assert(count == sizeof...(Out),
+                  "tensordict::nn::TensorDictModule: the number of out keys differs from the number of tensors that "
+                  "the module returns (nested tuples count each tensor: an LSTM's (output, (h, c)) needs three).");
     using O = output_schema<S>;
     std::array<at::Tensor, O::leaf_count> leaves;
     for (std::size_t i = 0; i < S::leaf_count; ++i) leaves[i] = td.leaf(i);
     TensorDict<O> result(std::move(leaves), batch.value_or(td.batch_size()), td.device());
-    (result.template set<Out>(out), ...);
+    if constexpr (count == sizeof...(Out)) {
+      std::array<at::Tensor, count> parts;
+      at::Tensor* to = parts.data();
+      detail::flatten_output(out, to);
+      std::size_t k = 0;
+      (result.template set<Out>(parts[k++]), ...);
+    }
     return result;
   }
 
@@ -132,25 +164,46 @@ struct ensemble_options {
   tensordict::randomness randomness = tensordict::randomness::error;
 };
 
+namespace detail {
+// The ensemble's stacked parameters: typed, or run-time for a member whose
+// tensors are named at run time (an LSTM, a torch::nn::Sequential).
+template <class Inner, bool RunTime = dynamic_module<Inner> || runtime_layout_module<Inner>>
+struct ensemble_params {
+  using type = TensorDictParams<schema_of<Inner>>;
+  static type make(Inner& shape, std::int64_t n) {
+    auto stacked = stack(std::vector<TensorDict<schema_of<Inner>>>(static_cast<std::size_t>(n), from_module(shape).detach()));
+    reset_parameters(shape, stacked);  // one draw per copy; the member keeps its values
+    auto kinds = kinds_of(shape);
+    for (std::size_t i = 0; i < kinds.size(); ++i)
+      if (kinds[i] == leaf_kind::parameter && stacked.leaf(i).defined()) stacked.leaf(i).requires_grad_(true);
+    return type(std::make_shared<typename type::Impl>(stacked, params_options{}, kinds));
+  }
+};
+template <class Inner>
+struct ensemble_params<Inner, true> {
+  using type = AnyTensorDictParams;
+  static type make(Inner& shape, std::int64_t n) {
+    const AnyTensorDict one = from_module(shape).apply([](const at::Tensor& t) { return t.detach(); });
+    AnyTensorDict stacked = stack(std::vector<AnyTensorDict>(static_cast<std::size_t>(n), one));
+    reset_parameters(shape, stacked);
+    return type(std::make_shared<AnyTensorDictParamsImpl>(stacked, parameter_paths(shape)));
+  }
+};
+}  // namespace detail
+
 template <class Member>
 class EnsembleModuleImpl : public torch::nn::Module {
  public:
   using member_impl = typename Member::Impl;
   using inner = typename member_impl::inner_impl;
-  using params_t = TensorDictParams<schema_of<inner>>;
+  using params_t = typename detail::ensemble_params<inner>::type;
 
   // num_copies copies with their own initialization (nn::reset_parameters:
   // one draw per copy); the member keeps its own values.
   EnsembleModuleImpl(Member member, std::int64_t num_copies, ensemble_options options = {})
       : member_(std::move(member)), options_(options) {
     if (num_copies <= 0) throw value_error("EnsembleModule: num_copies must be positive, got " + std::to_string(num_copies));
-    inner& shape = *member_->module;
-    auto stacked = stack(std::vector<TensorDict<schema_of<inner>>>(static_cast<std::size_t>(num_copies), from_module(shape).detach()));
-    reset_parameters(shape, stacked);  // one draw per copy; the member keeps its values
-    auto kinds = detail::kinds_of(shape);
-    for (std::size_t i = 0; i < kinds.size(); ++i)
-      if (kinds[i] == leaf_kind::parameter && stacked.leaf(i).defined()) stacked.leaf(i).requires_grad_(true);
-    params = register_module("params", params_t(std::make_shared<typename params_t::Impl>(stacked, params_options{}, kinds)));
+    params = register_module("params", detail::ensemble_params<inner>::make(*member_->module, num_copies));
   }
 
   std::int64_t num_copies() const { return params->tensordict().batch_size()[0]; }
@@ -176,7 +229,7 @@ class EnsembleModuleImpl : public torch::nn::Module {
     const auto& p = params->tensordict();
     functional_vmap_options o{.randomness = options_.randomness};
     if (options_.expand_input) {
-      at::Tensor out = call(shape, p, o, td, std::false_type{});
+      const auto out = call(shape, p, o, td, std::false_type{});
       std::vector<std::int64_t> batch{n};
       batch.insert(batch.end(), td.batch_size().begin(), td.batch_size().end());
       return member_impl::with_output(td.expand(batch), out, batch);
@@ -188,14 +241,13 @@ class EnsembleModuleImpl : public torch::nn::Module {
   }
 
   // The member's in keys as inputs: shared (args), or mapped over dim 0 (kwargs + in_dims).
-  template <class S, class Mapped>
-  static at::Tensor call(inner& shape, const TensorDict<schema_of<inner>>& p, const functional_vmap_options& o,
-                         const TensorDict<S>& td, Mapped) {
+  template <class P, class S, class Mapped>
+  static auto call(inner& shape, const P& p, const functional_vmap_options& o, const TensorDict<S>& td, Mapped) {
     return call_keys(shape, p, o, td, Mapped{}, typename member_impl::in_keys_t{});
   }
-  template <class S, class Mapped, key... In>
-  static at::Tensor call_keys(inner& shape, const TensorDict<schema_of<inner>>& p, const functional_vmap_options& o,
-                              const TensorDict<S>& td, Mapped, in_keys<In...>) {
+  template <class P, class S, class Mapped, key... In>
+  static auto call_keys(inner& shape, const P& p, const functional_vmap_options& o, const TensorDict<S>& td, Mapped,
+                        in_keys<In...>) {
     if constexpr (Mapped::value)
       return functional_vmap(shape, p, {}, kwargs(kw<In>(td.template get<In>())...), in_dims(in_dim_of<In>{0}...), o);
     else

@@ -11,10 +11,12 @@
 // other, and the registry follows writes made through the TensorDictParams.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <unordered_map>
@@ -26,7 +28,9 @@
 #include <torch/nn/pimpl.h>
 #include <torch/ordered_dict.h>
 
+#include "any_tensordict.hpp"
 #include "detail/module_access.hpp"
+#include "detail/module_slots.hpp"
 #include "errors.hpp"
 #include "functional.hpp"
 #include "typed_tensordict.hpp"
@@ -40,6 +44,49 @@ struct params_options {
   bool no_convert = false;  // every leaf a buffer (unless its kind says parameter)
   bool lock = false;        // lock the wrapped TensorDict; writes through the TensorDictParams still work
 };
+
+namespace detail {
+// Registers t under `path` below root (one child module per parent key,
+// created on first use) as a parameter or a buffer; a leaf registered there
+// before is replaced in place, or moved between the registries.
+inline void register_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path, const at::Tensor& t, bool parameter) {
+  torch::nn::Module* owner = &root;
+  for (std::size_t d = 0; d + 1 < path.size(); ++d) {
+    auto children = owner->named_children();
+    if (auto* child = children.find(path[d]))
+      owner = child->get();
+    else
+      owner = owner->register_module(path[d], std::make_shared<torch::nn::Module>()).get();
+  }
+  const std::string& name = path.back();
+  auto& params = ::tensordict::detail::module_parameters(*owner);
+  auto& buffers = ::tensordict::detail::module_buffers(*owner);
+  if (parameter && t.is_floating_point() && t.is_leaf() && !t.requires_grad()) t.set_requires_grad(true);
+  if (at::Tensor* p = params.find(name)) {
+    if (parameter) {
+      *p = t;
+      return;
+    }
+    params.erase(name);
+  }
+  if (at::Tensor* b = buffers.find(name)) {
+    if (!parameter) {
+      *b = t;
+      return;
+    }
+    buffers.erase(name);
+  }
+  if (parameter)
+    owner->register_parameter(name, t, /*requires_grad=*/t.requires_grad());
+  else
+    owner->register_buffer(name, t);
+}
+
+inline bool float_dtype(const at::Tensor& t) {
+  const auto dtype = t.defined() ? t.scalar_type() : at::kFloat;
+  return dtype == at::kHalf || dtype == at::kFloat || dtype == at::kDouble;
+}
+}  // namespace detail
 
 template <schema_type S>
 class TensorDictParamsImpl : public torch::nn::Module {
@@ -181,52 +228,13 @@ class TensorDictParamsImpl : public torch::nn::Module {
   leaf_kind kind_of(std::size_t i) const {
     if (kinds_[i] != leaf_kind::automatic) return kinds_[i];
     if (options_.no_convert) return leaf_kind::buffer;
-    const at::Tensor& t = td_.leaf(i);
-    const auto dtype = t.defined() ? t.scalar_type() : at::kFloat;
-    return dtype == at::kHalf || dtype == at::kFloat || dtype == at::kDouble ? leaf_kind::parameter : leaf_kind::buffer;
-  }
-
-  // The module of leaf i's parent node, created on first use ("0" under the root, ...).
-  torch::nn::Module& owner_of(std::size_t i) {
-    const auto& entry = leaf_paths_v<S>[i];
-    torch::nn::Module* m = this;
-    for (std::size_t d = 0; d + 1 < entry.depth; ++d) {
-      const std::string name(entry.parts[d]);
-      auto children = m->named_children();
-      if (auto* child = children.find(name))
-        m = child->get();
-      else
-        m = m->register_module(name, std::make_shared<torch::nn::Module>()).get();
-    }
-    return *m;
+    return detail::float_dtype(td_.leaf(i)) ? leaf_kind::parameter : leaf_kind::buffer;
   }
 
   void register_leaf(std::size_t i, const at::Tensor& t) {
-    torch::nn::Module& owner = owner_of(i);
-    const std::string name(leaf_paths_v<S>[i].parts[leaf_paths_v<S>[i].depth - 1]);
-    auto& params = ::tensordict::detail::module_parameters(owner);
-    auto& buffers = ::tensordict::detail::module_buffers(owner);
-    const bool parameter = kind_of(i) == leaf_kind::parameter;
-    if (parameter && t.is_floating_point() && t.is_leaf() && !t.requires_grad()) t.set_requires_grad(true);
-    // A replaced leaf takes its old name's place; a kind change moves it between the registries.
-    if (at::Tensor* p = params.find(name)) {
-      if (parameter) {
-        *p = t;
-        return;
-      }
-      params.erase(name);
-    }
-    if (at::Tensor* b = buffers.find(name)) {
-      if (!parameter) {
-        *b = t;
-        return;
-      }
-      buffers.erase(name);
-    }
-    if (parameter)
-      owner.register_parameter(name, t, /*requires_grad=*/t.requires_grad());
-    else
-      owner.register_buffer(name, t);
+    const auto& entry = leaf_paths_v<S>[i];
+    std::vector<std::string> path(entry.parts.begin(), entry.parts.begin() + entry.depth);
+    detail::register_leaf_at(*this, path, t, kind_of(i) == leaf_kind::parameter);
   }
 
   TensorDict<S> td_;
@@ -247,6 +255,37 @@ TensorDictParams<S> make_params(TensorDict<S> td, params_options options = {}) {
   return TensorDictParams<S>(std::make_shared<TensorDictParamsImpl<S>>(std::move(td), options));
 }
 
+// The run-time form: a TensorDictParams over an AnyTensorDict (a model whose
+// structure is known at run time: from_module(seq, nn::as_module)). Its
+// leaves are registered as the typed form's; `parameters` names the leaves
+// registered as parameters (the others are buffers); without it, the dtype
+// rule (float: parameter).
+class AnyTensorDictParamsImpl : public torch::nn::Module {
+ public:
+  explicit AnyTensorDictParamsImpl(AnyTensorDict td, std::optional<std::vector<any_key_path>> parameters = std::nullopt)
+      : td_(std::move(td)) {
+    td_.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      const bool parameter = parameters ? std::find(parameters->begin(), parameters->end(), path) != parameters->end()
+                                        : detail::float_dtype(t);
+      detail::register_leaf_at(*this, path, t, parameter);
+    });
+  }
+
+  // The wrapped AnyTensorDict itself (same storage).
+  const AnyTensorDict& tensordict() const { return td_; }
+
+  void pretty_print(std::ostream& stream) const override { stream << "TensorDictParams(params=" << td_.repr() << ")"; }
+
+ private:
+  AnyTensorDict td_;
+};
+
+class AnyTensorDictParams : public torch::nn::ModuleHolder<AnyTensorDictParamsImpl> {
+ public:
+  using torch::nn::ModuleHolder<AnyTensorDictParamsImpl>::ModuleHolder;
+  using Impl = AnyTensorDictParamsImpl;
+};
+
 // The tag of the from_module / from_modules overloads that return a TensorDictParams.
 inline constexpr struct as_module_t {
 } as_module{};
@@ -263,6 +302,20 @@ typename TensorDictParamsImpl<schema_of<Impl>>::kinds_t kinds_of(Impl& m) {
                    : leaf_kind::buffer;
   return kinds;
 }
+
+// The paths of a module's registered parameters (its children's too).
+inline std::vector<any_key_path> parameter_paths(const torch::nn::Module& m) {
+  std::vector<any_key_path> out;
+  for (const auto& item : m.named_parameters(true)) {
+    any_key_path path;
+    std::size_t start = 0;
+    for (std::size_t dot; (dot = item.key().find('.', start)) != std::string::npos; start = dot + 1)
+      path.push_back(item.key().substr(start, dot - start));
+    path.push_back(item.key().substr(start));
+    out.push_back(std::move(path));
+  }
+  return out;
+}
 }  // namespace detail
 
 }  // namespace tensordict::nn
@@ -272,6 +325,7 @@ namespace tensordict {
 // from_module(m, nn::as_module): the module's own tensors in a TensorDictParams,
 // each registered as the module registered it.
 template <class Module>
+  requires(!nn::dynamic_module<Module> && !nn::runtime_layout_module<Module>)
 auto from_module(Module&& module, nn::as_module_t) {
   using S = nn::schema_of<nn::impl_of_t<Module>>;
   auto& impl = detail::impl_ref(module);
@@ -281,10 +335,27 @@ auto from_module(Module&& module, nn::as_module_t) {
 
 // from_modules(ms, nn::as_module): the stacked parameters in a TensorDictParams, for an optimizer.
 template <class Module>
+  requires(!nn::dynamic_module<Module> && !nn::runtime_layout_module<Module>)
 auto from_modules(const std::vector<Module>& modules, nn::as_module_t) {
   using S = nn::schema_of<nn::impl_of_t<Module>>;
   auto kinds = nn::detail::kinds_of(detail::impl_ref(modules.at(0)));
   return nn::TensorDictParams<S>(std::make_shared<nn::TensorDictParamsImpl<S>>(from_modules(modules), nn::params_options{}, kinds));
+}
+
+// The run-time forms: an AnyTensorDictParams, each leaf registered as the
+// module registered it.
+template <class M>
+  requires nn::dynamic_module<M> || nn::runtime_layout_module<M>
+nn::AnyTensorDictParams from_module(M&& module, nn::as_module_t) {
+  return nn::AnyTensorDictParams(std::make_shared<nn::AnyTensorDictParamsImpl>(
+      from_module(module), nn::detail::parameter_paths(detail::dynamic_ref(module))));
+}
+
+template <class M>
+  requires nn::dynamic_module<M> || nn::runtime_layout_module<M>
+nn::AnyTensorDictParams from_modules(const std::vector<M>& modules, nn::as_module_t) {
+  return nn::AnyTensorDictParams(std::make_shared<nn::AnyTensorDictParamsImpl>(
+      from_modules(modules), nn::detail::parameter_paths(detail::dynamic_ref(modules.at(0)))));
 }
 
 }  // namespace tensordict
