@@ -5,6 +5,7 @@
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 
@@ -13,6 +14,7 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/modules/transformer.h>
@@ -238,6 +240,22 @@ TEST_CASE("dynamic functional_call and functional_vmap through the new adapters"
   at::Tensor ys = nn::functional_vmap(nets[0], stacked, nn::args(x));
   REQUIRE(ys.sizes() == c10::IntArrayRef{3, 6, 5});
   for (int i = 0; i < 3; ++i) CHECK(at::allclose(ys[i], nets[i]->forward(x), 1e-5, 1e-6));
+
+  // EmbeddingBag and a transposed convolution, lowered in a run-time Sequential and through a ModuleDict.
+  auto make_bags = [] {
+    return torch::nn::Sequential(torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(10, 4).mode(torch::kMean)),
+                                 torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {2, 2})),
+                                 torch::nn::ConvTranspose1d(torch::nn::ConvTranspose1dOptions(2, 3, 2).stride(2)));
+  };
+  std::vector<torch::nn::Sequential> bag_nets{make_bags(), make_bags()};
+  auto words = at::randint(0, 10, {5, 3});
+  at::Tensor bag_ys = nn::functional_vmap(bag_nets[0], from_modules(bag_nets), nn::args(words));
+  for (int i = 0; i < 2; ++i) CHECK(at::allclose(bag_ys[i], bag_nets[static_cast<std::size_t>(i)]->forward(words), 1e-5, 1e-6));
+  torch::nn::ModuleDict dict(torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>({{"bag", torch::nn::EmbeddingBag(10, 4).ptr()}}));
+  auto bag_params = randn_like(from_module(dict));
+  torch::nn::EmbeddingBag bag_twin(10, 4);
+  bag_twin->weight.data().copy_(bag_params.get("bag", "weight"));
+  CHECK(at::allclose(functional_call(dict["bag"], bag_params.get_tensordict("bag"), words), bag_twin->forward(words)));
 }
 
 TEST_CASE("LSTM: from_module, to_module (the cached weights list follows and is restored), functional_call", "[dynamic_modules]") {
