@@ -426,6 +426,8 @@ TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, 
     auto x = at::randn({5, 2, 3});
     CHECK_THROWS_AS(nn::functional_vmap(members[0], params, nn::args(x), {}, {}, {.randomness = randomness::same}),
                     value_error);
+    CHECK_THROWS_WITH(nn::functional_vmap(members[0], params, nn::args(x), {}, {}, {.randomness = randomness::same}),
+                      Contains("LSTMImpl runs these sets one at a time") && Contains("use randomness \"different\""));
     auto [y, state] = nn::functional_vmap(members[0], params, nn::args(x), {}, {}, {.randomness = randomness::different});
     CHECK(y.sizes() == c10::IntArrayRef{2, 5, 2, 4});
     members[0]->eval();

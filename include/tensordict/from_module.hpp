@@ -27,8 +27,8 @@ template <class Module>
 auto from_module(Module&& module) {
   using Impl = nn::impl_of_t<Module>;
   auto& impl = detail::impl_ref(module);
-  detail::check_registry_matches_schema(impl);
   auto slots = detail::slots_of<Impl>(impl);
+  detail::check_registry_matches_schema(impl, slots);
   std::array<at::Tensor, nn::schema_of<Impl>::leaf_count> leaves;
   for (std::size_t i = 0; i < leaves.size(); ++i) leaves[i] = *slots[i].member;
   return TensorDict<nn::schema_of<Impl>>(std::move(leaves));

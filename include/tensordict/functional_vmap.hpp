@@ -37,6 +37,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/stack.h>
+#include <c10/util/Type.h>
 
 #include "any_tensordict.hpp"
 #include "functional.hpp"  // the verbs it builds on, from_modules to stack the sets among them
@@ -447,6 +448,11 @@ auto functional_vmap(M&& module, const AnyTensorDict& params, Args args = {}, Kw
   if (lowers)
     for (const auto& path : ::tensordict::from_module(impl).keys(true, true))
       if (!p.contains(path)) lowers = false;
+  if (!lowers && !options.loop && options.randomness == tensordict::randomness::same)
+    throw value_error("functional_vmap: " + c10::demangle(typeid(Impl).name()) +
+                      " runs these sets one at a time (its batched form does not take these inputs or options: masks, "
+                      "dropout between layers in training, libtorch's fused kernel, or params without every tensor), "
+                      "which cannot give every set the same randomness; use randomness \"different\"");
   if (!lowers) options.loop = true;
   auto lowered = [&impl](const AnyTensorDict& stacked_params, const auto& in, const auto& mapped, const batch_context& ctx) {
     using Out = decltype(std::apply(

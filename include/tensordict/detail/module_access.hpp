@@ -3,7 +3,7 @@
 // show the swapped tensors. libtorch offers no way to replace a registered
 // tensor (register_parameter and register_buffer refuse an existing name).
 //   parameters_ is protected: a class derived from Module names it legally.
-//   buffers_ is private: only a template argument of an explicit
+//   buffers_ and children_ are private: only a template argument of an explicit
 //   specialization may name it without an access check (C++20, P0692). Such a
 //   specialization is a class definition, allowed in every translation unit
 //   like any other (unlike an explicit instantiation definition, which the
@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -39,9 +40,27 @@ template <class Grant, std::size_t = sizeof(Grant)>  // sizeof: Grant is instant
 struct instantiate {};
 template <>
 struct instantiate<grant_access<module_buffers_tag, &torch::nn::Module::buffers_>> {};
+struct module_children_tag {
+  friend constexpr auto member_pointer(module_children_tag);
+};
+template <>
+struct instantiate<grant_access<module_children_tag, &torch::nn::Module::children_>> {};
 
 inline tensor_registry& module_parameters(torch::nn::Module& m) { return module_parameters_access::of(m); }
 inline tensor_registry& module_buffers(torch::nn::Module& m) { return m.*member_pointer(module_buffers_tag{}); }
+
+// The defined tensors registered in a module and its descendants (as
+// named_parameters(true) and named_buffers(true) count them), without
+// building their names.
+inline std::size_t registered_tensor_count(torch::nn::Module& m) {
+  std::size_t count = 0;
+  for (const auto& item : module_parameters(m))
+    if (item.value().defined()) ++count;
+  for (const auto& item : module_buffers(m))
+    if (item.value().defined()) ++count;
+  for (const auto& child : m.*member_pointer(module_children_tag{})) count += registered_tensor_count(*child.value());
+  return count;
+}
 
 }  // namespace tensordict::detail
 

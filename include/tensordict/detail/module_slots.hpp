@@ -76,8 +76,7 @@ nn::impl_of_t<M>& impl_ref(M&& m) {
     return const_cast<nn::impl_of_t<M>&>(m);
 }
 
-// Every registered tensor of the module must be a leaf of its schema: a
-// member forgotten in TENSORDICT_MODULE would otherwise be silently ignored.
+// The full check, naming what the schema does not know.
 template <class Impl>
 void check_registry_matches_schema(const Impl& m) {
   using S = nn::schema_of<Impl>;
@@ -95,6 +94,19 @@ void check_registry_matches_schema(const Impl& m) {
   if (!unknown.empty())
     throw key_error("tensordict::from_module: the module registered " + unknown +
                     " that its schema does not know. Name every tensor and sub-module member in TENSORDICT_MODULE.");
+}
+
+// Every registered tensor of the module must be a leaf of its schema: a
+// member forgotten in TENSORDICT_MODULE would otherwise be silently ignored.
+// The common case costs a registry lookup per leaf and a count: the tensors
+// registered under the slots' names are all the module has. Only a mismatch
+// builds the names, to say which.
+template <class Impl, std::size_t N>
+void check_registry_matches_schema(Impl& m, const std::array<module_slot, N>& slots) {
+  std::size_t known = 0;
+  for (const auto& slot : slots)
+    if (const at::Tensor* entry = registry_entry(slot); entry && entry->defined()) ++known;
+  if (known != registered_tensor_count(m)) check_registry_matches_schema(m);
 }
 
 }  // namespace detail
