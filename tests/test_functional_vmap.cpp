@@ -156,6 +156,12 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
   auto embeddings = copies<torch::nn::Embedding>(3, [] { return torch::nn::Embedding(10, 4); });
   check_three_paths(embeddings, at::randint(0, 10, {2, 5}), false);
   check_three_paths(embeddings, at::randint(0, 10, {3, 2, 5}), true);
+  auto rnn_cells = copies<torch::nn::RNNCell>(3, [] { return torch::nn::RNNCell(torch::nn::RNNCellOptions(4, 5).nonlinearity(torch::kReLU)); });
+  check_three_paths(rnn_cells, at::randn({2, 4}), false);
+  check_three_paths(rnn_cells, at::randn({3, 2, 4}), true);
+  auto gru_cells = copies<torch::nn::GRUCell>(2, [] { return torch::nn::GRUCell(torch::nn::GRUCellOptions(4, 5).bias(false)); });
+  check_three_paths(gru_cells, at::randn({6, 4}), false);
+
   auto bags = copies<torch::nn::EmbeddingBag>(3, [] { return torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(10, 4)); });
   check_three_paths(bags, at::randint(0, 10, {2, 5}), false, false);
   check_three_paths(bags, at::randint(0, 10, {3, 2, 5}), true, false);
@@ -236,6 +242,39 @@ TEST_CASE("TransformerDecoderLayer: lowered (target and memory, each shared or p
   at::Tensor direct = tdn::batched<torch::nn::TransformerDecoderLayerImpl>::forward(
       *layers[0], stacked, std::make_tuple(tgt, shared_memory), std::array<bool, 2>{false, false}, {.sets = 3});
   CHECK(direct[2].allclose(layers[2]->forward(tgt, shared_memory), 1e-4, 1e-5));
+}
+
+TEST_CASE("LSTMCell and GRUCell with a state: lowered equals their forwards and the loop, gradients", "[functional_vmap]") {
+  auto cells = copies<torch::nn::LSTMCell>(3, [] { return torch::nn::LSTMCell(4, 5); });
+  auto stacked = from_modules(cells);
+  auto lowered_params = trainable(stacked), loop_params = trainable(stacked);
+  auto x = at::randn({3, 2, 4});  // per set
+  auto h = at::randn({2, 5}), c = at::randn({2, 5});
+  auto kw = tdn::kwargs(tdn::kw<"input">(x), tdn::kw<"hx">(std::make_tuple(h, c)));
+  auto dims = tdn::in_dims(tdn::in_dim_of<"input">(0));
+  auto [h1, c1] = tdn::functional_vmap(cells[0], lowered_params, {}, kw, dims);
+  auto [lh, lc] = tdn::functional_vmap(cells[0], loop_params, {}, kw, dims, {.loop = true});
+  for (std::int64_t i = 0; i < 3; ++i) {
+    auto [eh, ec] = cells[static_cast<std::size_t>(i)]->forward(x[i], std::make_tuple(h, c));
+    CHECK(h1[i].allclose(eh, 1e-5, 1e-6));
+    CHECK(c1[i].allclose(ec, 1e-5, 1e-6));
+  }
+  CHECK(h1.allclose(lh, 1e-5, 1e-6));
+  (h1.pow(2).sum() + c1.sum()).backward();
+  (lh.pow(2).sum() + lc.sum()).backward();
+  auto gl = grads(lowered_params), gp = grads(loop_params);
+  for (std::size_t i = 0; i < gl.size(); ++i) CHECK(gl[i].allclose(gp[i], 1e-4, 1e-5));
+  auto [zero_h, zero_c] = tdn::functional_vmap(cells[0], stacked, tdn::args(at::randn({4})));  // unbatched, zero state
+  CHECK(zero_c.sizes() == c10::IntArrayRef{3, 5});
+  auto mapped_state = tdn::kwargs(tdn::kw<"input">(x[0]), tdn::kw<"hx">(std::make_tuple(h.expand({3, 2, 5}), c.expand({3, 2, 5}))));
+  CHECK_THROWS_WITH(tdn::functional_vmap(cells[0], stacked, {}, mapped_state, tdn::in_dims(tdn::in_dim_of<"hx">(0))),
+                    Contains("in_dims maps an input that is not a tensor"));
+
+  auto grus = copies<torch::nn::GRUCell>(2, [] { return torch::nn::GRUCell(3, 4); });
+  auto gx = at::randn({2, 5, 3}), gh = at::randn({5, 4});  // input per set, state shared
+  at::Tensor y = tdn::functional_vmap(grus[0], from_modules(grus), {}, tdn::kwargs(tdn::kw<"input">(gx), tdn::kw<"hx">(gh)),
+                                      tdn::in_dims(tdn::in_dim_of<"input">(0)));
+  CHECK(y[1].allclose(grus[1]->forward(gx[1], gh), 1e-5, 1e-6));
 }
 
 TEST_CASE("EmbeddingBag: lowered with offsets and per-sample weights (shared or per set) equals its forwards and the loop",

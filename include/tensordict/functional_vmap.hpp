@@ -217,6 +217,9 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
       shape.insert(shape.end(), in.sizes().begin() + dim + nb, in.sizes().end());
       return in.reshape(shape).movedim(dim, 0);
     } else {
+      if (d)
+        throw value_error("functional_vmap: in_dims maps an input that is not a tensor (a state tuple?); pass its tensors "
+                          "as inputs of their own, or pass it shared");
       return in;
     }
   };
