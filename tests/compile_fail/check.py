@@ -8,7 +8,11 @@ text given on an `// expect: ...` line of the file, and they must hold at most
 MAX_ERRORS error lines: the library's message, not a page of backtrace.
 
 Usage: check.py CASE.cpp -- COMPILER [FLAGS...]
+With TENSORDICT_COMPILE_FAIL_TWINS=0 in the environment the twin is not
+compiled (CI's second platform: the twin's code is the same there, and the
+unit tests compile the same calls; the failure and its message are checked).
 """
+import os
 import re
 import subprocess
 import sys
@@ -24,7 +28,8 @@ def main() -> int:
         print(f"{case}: no '// expect:' line")
         return 1
 
-    twin = subprocess.run(compiler + [case], capture_output=True, text=True)
+    twin = subprocess.run(compiler + [case], capture_output=True, text=True) if os.environ.get(
+        "TENSORDICT_COMPILE_FAIL_TWINS", "1") != "0" else subprocess.CompletedProcess([], 0, "", "")
     if twin.returncode != 0:
         print(f"FAIL {case}: the must-compile twin does not compile:\n{twin.stderr}")
         return 1
