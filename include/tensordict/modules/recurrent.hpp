@@ -312,6 +312,15 @@ recurrent_cell cell_of(const Impl& m) {
   else return recurrent_cell::rnn_tanh;
 }
 
+// An LSTM's (h, c) input, given as is or as an optional; nullptr when absent.
+template <class State>
+const std::tuple<at::Tensor, at::Tensor>* lstm_state(const State& state) {
+  if constexpr (requires { state.has_value(); })
+    return state ? &*state : nullptr;
+  else
+    return &state;
+}
+
 // A shared or per-set value with the sets dim in front.
 inline at::Tensor with_sets(const at::Tensor& t, bool mapped, std::int64_t sets) {
   return expand_sets({t, mapped}, sets);
@@ -389,12 +398,7 @@ struct batched<Impl> {
     if constexpr (sizeof...(Inputs) == 2) {
       const auto& state = std::get<1>(inputs);
       if constexpr (std::is_same_v<Impl, torch::nn::LSTMImpl>) {
-        const std::tuple<at::Tensor, at::Tensor>* hc = nullptr;  // (h, c), given as is or as an optional
-        if constexpr (requires { state.has_value(); })
-          hc = state ? &*state : nullptr;
-        else
-          hc = &state;
-        if (hc) {
+        if (const auto* hc = detail::lstm_state(state)) {
           h0 = detail::with_sets(std::get<0>(*hc), mapped[1], ctx.sets);
           c0 = detail::with_sets(std::get<1>(*hc), mapped[1], ctx.sets);
         }
@@ -435,12 +439,7 @@ struct batched<Impl> {
     if constexpr (sizeof...(Inputs) == 2) {
       const auto& state = std::get<1>(inputs);
       if constexpr (is_lstm) {
-        const std::tuple<at::Tensor, at::Tensor>* hc = nullptr;  // (h, c), given as is or as an optional
-        if constexpr (requires { state.has_value(); })
-          hc = state ? &*state : nullptr;
-        else
-          hc = &state;
-        if (hc) {
+        if (const auto* hc = detail::lstm_state(state)) {
           h = rows(detail::with_sets(std::get<0>(*hc), mapped[1], ctx.sets));
           c = rows(detail::with_sets(std::get<1>(*hc), mapped[1], ctx.sets));
         }
