@@ -448,9 +448,7 @@ auto functional_vmap(M&& module, const AnyTensorDict& params, Args args = {}, Kw
   };
   bool lowers = has_form;
   if constexpr (requires { batched<Impl>::supports(impl); }) lowers = lowers && batched<Impl>::supports(impl);
-  if (lowers)
-    for (const auto& path : ::tensordict::from_module(impl).keys(true, true))
-      if (!p.contains(path)) lowers = false;
+  lowers = lowers && !::tensordict::detail::first_missing_tensor(impl, p);
   if (!lowers && !options.loop && options.randomness == tensordict::randomness::same)
     throw value_error("functional_vmap: " + c10::demangle(typeid(Impl).name()) +
                       " runs these sets one at a time (its batched form does not take these inputs or options: masks, "

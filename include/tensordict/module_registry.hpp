@@ -90,11 +90,8 @@ module_kind kind_of() {
         auto& impl = dynamic_cast<Impl&>(m);
         if constexpr (requires { batched<Impl>::supports(impl); })
           if (!batched<Impl>::supports(impl)) return std::nullopt;
-        AnyTensorDict own;
-        any_key_path path;
-        ::tensordict::detail::collect(m, own, path);
-        for (const auto& key : own.keys(true, true))
-          if (!p.contains(key)) return std::nullopt;  // partial params: the rest comes from the module, per set
+        // Partial params: the rest comes from the module, per set (vmap).
+        if (::tensordict::detail::first_missing_tensor(m, p)) return std::nullopt;
         return stacked{batched<Impl>::forward(impl, p, std::tuple<at::Tensor>(x.value), std::array<bool, 1>{x.mapped}, ctx), true};
       };
     return kind;

@@ -186,7 +186,7 @@ struct ensemble_params<Inner, true> {
     const AnyTensorDict one = from_module(shape).apply([](const at::Tensor& t) { return t.detach(); });
     AnyTensorDict stacked = stack(std::vector<AnyTensorDict>(static_cast<std::size_t>(n), one));
     reset_parameters(shape, stacked);
-    return type(std::make_shared<AnyTensorDictParamsImpl>(stacked, parameter_paths(shape)));
+    return type(std::make_shared<AnyTensorDictParamsImpl>(stacked, parameters_of(shape)));
   }
 };
 }  // namespace detail

@@ -11,7 +11,6 @@
 // other, and the registry follows writes made through the TensorDictParams.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -257,16 +256,15 @@ TensorDictParams<S> make_params(TensorDict<S> td, params_options options = {}) {
 
 // The run-time form: a TensorDictParams over an AnyTensorDict (a model whose
 // structure is known at run time: from_module(seq, nn::as_module)). Its
-// leaves are registered as the typed form's; `parameters` names the leaves
-// registered as parameters (the others are buffers); without it, the dtype
-// rule (float: parameter).
+// leaves are registered as the typed form's; `parameters` has a leaf at each
+// path to register as a parameter (the others are buffers: a module's, from
+// detail::parameters_of); without it, the dtype rule (float: parameter).
 class AnyTensorDictParamsImpl : public torch::nn::Module {
  public:
-  explicit AnyTensorDictParamsImpl(AnyTensorDict td, std::optional<std::vector<any_key_path>> parameters = std::nullopt)
+  explicit AnyTensorDictParamsImpl(AnyTensorDict td, std::optional<AnyTensorDict> parameters = std::nullopt)
       : td_(std::move(td)) {
     td_.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      const bool parameter = parameters ? std::find(parameters->begin(), parameters->end(), path) != parameters->end()
-                                        : detail::float_dtype(t);
+      const bool parameter = parameters ? parameters->contains(path) : detail::float_dtype(t);
       detail::register_leaf_at(*this, path, t, parameter);
     });
   }
@@ -303,17 +301,11 @@ typename TensorDictParamsImpl<schema_of<Impl>>::kinds_t kinds_of(Impl& m) {
   return kinds;
 }
 
-// The paths of a module's registered parameters (its children's too).
-inline std::vector<any_key_path> parameter_paths(const torch::nn::Module& m) {
-  std::vector<any_key_path> out;
-  for (const auto& item : m.named_parameters(true)) {
-    any_key_path path;
-    std::size_t start = 0;
-    for (std::size_t dot; (dot = item.key().find('.', start)) != std::string::npos; start = dot + 1)
-      path.push_back(item.key().substr(start, dot - start));
-    path.push_back(item.key().substr(start));
-    out.push_back(std::move(path));
-  }
+// The module's registered parameters (its children's too) by path.
+inline AnyTensorDict parameters_of(const torch::nn::Module& m) {
+  AnyTensorDict out;
+  any_key_path path;
+  ::tensordict::detail::collect(m, out, path, /*with_buffers=*/false);
   return out;
 }
 }  // namespace detail
@@ -348,14 +340,14 @@ template <class M>
   requires nn::dynamic_module<M> || nn::runtime_layout_module<M>
 nn::AnyTensorDictParams from_module(M&& module, nn::as_module_t) {
   return nn::AnyTensorDictParams(std::make_shared<nn::AnyTensorDictParamsImpl>(
-      from_module(module), nn::detail::parameter_paths(detail::dynamic_ref(module))));
+      from_module(module), nn::detail::parameters_of(detail::dynamic_ref(module))));
 }
 
 template <class M>
   requires nn::dynamic_module<M> || nn::runtime_layout_module<M>
 nn::AnyTensorDictParams from_modules(const std::vector<M>& modules, nn::as_module_t) {
   return nn::AnyTensorDictParams(std::make_shared<nn::AnyTensorDictParamsImpl>(
-      from_modules(modules), nn::detail::parameter_paths(detail::dynamic_ref(modules.at(0)))));
+      from_modules(modules), nn::detail::parameters_of(detail::dynamic_ref(modules.at(0)))));
 }
 
 }  // namespace tensordict

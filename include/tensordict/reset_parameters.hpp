@@ -85,14 +85,9 @@ void reset_parameters(Module&& module, const AnyTensorDict& params) {
   torch::nn::Module& m = ::tensordict::detail::dynamic_ref(module);
   const AnyTensorDict p = ::tensordict::detail::unflatten_if_flat(params);
   (void)::tensordict::detail::resolve_targets(m, p, p.batch_dims(), "tensordict::nn::reset_parameters");
-  AnyTensorDict own;
-  ::tensordict::any_key_path path;
-  ::tensordict::detail::collect(m, own, path);
-  own.for_each_leaf([&](const ::tensordict::any_key_path& key, const at::Tensor&) {
-    if (!p.contains(key))
-      throw key_error("tensordict::nn::reset_parameters: params has no " + to_string(key) +
-                      ", which the module's initialisation writes; it would be drawn into the module's own tensor");
-  });
+  if (const auto key = ::tensordict::detail::first_missing_tensor(m, p))
+    throw key_error("tensordict::nn::reset_parameters: params has no " + to_string(*key) +
+                    ", which the module's initialisation writes; it would be drawn into the module's own tensor");
   at::NoGradGuard no_grad;
   std::lock_guard<std::recursive_mutex> serialized(::tensordict::detail::swap_call_lock());
   auto draw = [&](const AnyTensorDict& one) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -133,7 +134,9 @@ inline std::string module_type_name(const torch::nn::Module& m) { return c10::de
 
 inline std::string where(const any_key_path& path) { return path.empty() ? "the root module" : to_string(path); }
 
-inline void collect(const torch::nn::Module& m, AnyTensorDict& out, any_key_path& path) {
+// The module's registered tensors (with_buffers: parameters and buffers, else
+// parameters only) and its children's, by path, into out.
+inline void collect(const torch::nn::Module& m, AnyTensorDict& out, any_key_path& path, bool with_buffers = true) {
   auto add = [&](const torch::OrderedDict<std::string, at::Tensor>& tensors) {
     for (const auto& item : tensors) {
       if (!item.value().defined()) continue;  // a Linear built with bias(false)
@@ -143,12 +146,23 @@ inline void collect(const torch::nn::Module& m, AnyTensorDict& out, any_key_path
     }
   };
   add(m.named_parameters(false));
-  add(m.named_buffers(false));
+  if (with_buffers) add(m.named_buffers(false));
   for (const auto& child : m.named_children()) {
     path.push_back(child.key());
-    collect(*child.value(), out, path);
+    collect(*child.value(), out, path, with_buffers);
     path.pop_back();
   }
+}
+
+// The first of the module's tensors that params lacks (std::nullopt: params
+// holds them all).
+inline std::optional<any_key_path> first_missing_tensor(const torch::nn::Module& m, const AnyTensorDict& params) {
+  AnyTensorDict own;
+  any_key_path path;
+  collect(m, own, path);
+  for (const auto& key : own.keys(true, true))
+    if (!params.contains(key)) return key;
+  return std::nullopt;
 }
 
 }  // namespace detail
