@@ -647,7 +647,7 @@ TEST_CASE("dynamic functional_vmap: lowered, vmapped and looped agree", "[dynami
   for (int i = 0; i < 4; ++i) CHECK(at::allclose(lowered[i], nets[i]->forward(x), 1e-5, 1e-6));
   CHECK(at::allclose(looped, lowered, 1e-5, 1e-6));
   CHECK(at::allclose(chunked, lowered, 1e-5, 1e-6));
-  CHECK(nn::detail::dynamic_lowered(*nets[0], stacked, {x, false}, {4, randomness::error}).has_value());
+  CHECK(nn::detail::dynamic_lowers(*nets[0], stacked));
 
   // Modules that take dims see them past the sets dim when lowered.
   std::vector<torch::nn::Sequential> dims;
@@ -656,7 +656,7 @@ TEST_CASE("dynamic functional_vmap: lowered, vmapped and looped agree", "[dynami
                                          torch::nn::Linear(12, 4), torch::nn::Softmax(1), torch::nn::LogSoftmax(-1)));
   auto dims_params = from_modules(dims);
   auto images = at::randn({5, 2, 4, 4});
-  CHECK(nn::detail::dynamic_lowered(*dims[0], dims_params, {images, false}, {3, randomness::error}).has_value());
+  CHECK(nn::detail::dynamic_lowers(*dims[0], dims_params));
   at::Tensor per_set = nn::functional_vmap(dims[0], dims_params, nn::args(images));
   for (int i = 0; i < 3; ++i) CHECK(at::allclose(per_set[i], dims[i]->forward(images), 1e-5, 1e-6));
 

@@ -391,3 +391,109 @@ TEST_CASE("chunk_size computes the same sets in pieces", "[functional_vmap]") {
   CHECK(tdn::functional_vmap(encoders[0], eparams, tdn::args(x), {}, {}, {.chunk_size = 2})
             .allclose(tdn::functional_vmap(encoders[0], eparams, tdn::args(x)), 1e-4, 1e-6));
 }
+
+namespace {
+// Sets the intra-op threads for a scope.
+struct intra_op_threads {
+  int before = at::get_num_threads();
+  explicit intra_op_threads(int n) { at::set_num_threads(n); }
+  ~intra_op_threads() { at::set_num_threads(before); }
+};
+
+// Whether the graph behind t, a few nodes deep, has a node of this name.
+bool graph_has(const at::Tensor& t, const std::string& name) {
+  std::function<bool(const std::shared_ptr<torch::autograd::Node>&, int)> search = [&](const auto& node, int depth) {
+    if (!node || depth > 4) return false;
+    if (node->name().find(name) != std::string::npos) return true;
+    for (const auto& edge : node->next_edges())
+      if (search(edge.function, depth + 1)) return true;
+    return false;
+  };
+  return search(t.grad_fn(), 0);
+}
+
+// Output and gradients (of params' leaves and of x) of one call.
+template <class Params, class Call>
+std::pair<at::Tensor, std::vector<at::Tensor>> value_and_grads(const Params& stacked, const at::Tensor& x, Call call) {
+  auto p = stacked.apply([](const at::Tensor& t) { return t.detach().clone().requires_grad_(); });
+  auto input = x.detach().clone().requires_grad_();
+  at::Tensor out = call(p, input);
+  out.pow(2).sum().backward();
+  std::vector<at::Tensor> g{input.grad()};
+  for (const auto& t : p.values()) g.push_back(t.grad());
+  return {out.detach(), g};
+}
+
+// The parallel tasks give what one task gives: every sets_per_task, and the default with 2 threads.
+template <class Params, class Call>
+void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call call) {
+  const std::int64_t sets = stacked.batch_size()[0];
+  intra_op_threads two(2);
+  auto [serial, serial_grads] = value_and_grads(stacked, x, [&](const auto& p, const auto& in) {
+    return call(p, in, tdn::functional_vmap_options{.sets_per_task = sets});
+  });
+  for (std::optional<std::int64_t> per_task : {std::optional<std::int64_t>(1), std::optional<std::int64_t>(3), std::optional<std::int64_t>()}) {
+    INFO("sets_per_task " << (per_task ? std::to_string(*per_task) : "default"));
+    auto [parallel, parallel_grads] = value_and_grads(stacked, x, [&](const auto& p, const auto& in) {
+      at::Tensor out = call(p, in, tdn::functional_vmap_options{.sets_per_task = per_task});
+      CHECK(graph_has(out, "set_tasks_function"));
+      return out;
+    });
+    CHECK(parallel.allclose(serial, 0, 1e-6));
+    REQUIRE(parallel_grads.size() == serial_grads.size());
+    for (std::size_t i = 0; i < serial_grads.size(); ++i) CHECK(parallel_grads[i].allclose(serial_grads[i], 0, 1e-6));
+    at::NoGradGuard no_grad;
+    CHECK(call(stacked, x, tdn::functional_vmap_options{.sets_per_task = per_task}).allclose(serial, 0, 1e-6));
+  }
+}
+}  // namespace
+
+TEST_CASE("sets in parallel tasks equal one task: values and gradients, typed and run-time models", "[functional_vmap]") {
+  using torch::nn::Linear;
+  using torch::nn::ReLU;
+  using mlp = tdn::Sequential<Linear, ReLU, Linear, ReLU, Linear>;
+  auto nets = copies<mlp>(7, [] { return mlp(Linear(5, 16), ReLU(), Linear(16, 16), ReLU(), Linear(16, 3)); });
+  const auto params = from_modules(nets);
+  // Shared input (its gradient summed over the tasks) and an input per set.
+  check_tasks_equal_one_task(params, at::randn({9, 5}), [&](const auto& p, const at::Tensor& x, auto options) {
+    return tdn::functional_vmap(nets[0], p, tdn::args(x), {}, {}, options);
+  });
+  check_tasks_equal_one_task(params, at::randn({7, 9, 5}), [&](const auto& p, const at::Tensor& x, auto options) {
+    return tdn::functional_vmap(nets[0], p, {}, tdn::kwargs(tdn::kw<"input">(x)), tdn::in_dims(tdn::in_dim_of<"input">(0)),
+                                options);
+  });
+
+  std::vector<torch::nn::Sequential> dynamic;
+  for (int i = 0; i < 5; ++i)
+    dynamic.emplace_back(torch::nn::Conv1d(torch::nn::Conv1dOptions(2, 4, 3)), torch::nn::Tanh(), torch::nn::Flatten(),
+                         Linear(4 * 6, 2));
+  const AnyTensorDict dynamic_params = from_modules(dynamic);
+  check_tasks_equal_one_task(dynamic_params, at::randn({3, 2, 8}), [&](const auto& p, const at::Tensor& x, auto options) {
+    return tdn::functional_vmap(dynamic[0], p, tdn::args(x), {}, {}, options);
+  });
+
+  auto layer = torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
+  std::vector<torch::nn::TransformerEncoder> encoders;
+  for (int i = 0; i < 4; ++i) encoders.emplace_back(torch::nn::TransformerEncoderOptions(layer, 2));
+  check_tasks_equal_one_task(AnyTensorDict(from_modules(encoders)), at::randn({5, 3, 8}),
+                             [&](const auto& p, const at::Tensor& x, auto options) {
+                               return tdn::functional_vmap(encoders[0], p, tdn::args(x), {}, {}, options);
+                             });
+}
+
+TEST_CASE("sets in parallel tasks: the errors", "[functional_vmap]") {
+  intra_op_threads two(2);
+  auto nets = copies<torch::nn::Linear>(4, [] { return torch::nn::Linear(3, 2); });
+  auto params = from_modules(nets).apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+  auto x = at::randn({5, 3});
+  CHECK_THROWS_WITH(tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.sets_per_task = 0}),
+                    Contains("sets_per_task must be positive, got 0"));
+  // First-order only: a graph of the gradients names the fix.
+  auto y = tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.sets_per_task = 2});
+  CHECK_THROWS_WITH(torch::autograd::grad({y.sum()}, {params.get<"weight">()}, {}, true, true),
+                    Contains("create_graph=true") && Contains(".sets_per_task = <the number of sets>"));
+  // Other randomness than "error" runs one task (parallel draws would not follow the seed).
+  auto z = tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.randomness = randomness::different, .sets_per_task = 2});
+  CHECK(graph_has(y, "set_tasks_function"));
+  CHECK_FALSE(graph_has(z, "set_tasks_function"));
+}

@@ -40,6 +40,7 @@
 #include <c10/util/Type.h>
 
 #include "any_tensordict.hpp"
+#include "detail/parallel_sets.hpp"
 #include "functional.hpp"  // the verbs it builds on, from_modules to stack the sets among them
 #include "functional_call.hpp"
 #include "module_registry.hpp"
@@ -96,6 +97,13 @@ struct functional_vmap_options {
   tensordict::randomness randomness = tensordict::randomness::error;
   std::optional<std::int64_t> chunk_size{};
   bool loop = false;
+  // Where the call is lowered (and randomness is "error"), its sets run in
+  // tasks of this many sets across at::get_num_threads() threads, each task
+  // the whole call on its sets. Unset: with one thread, one task; with more,
+  // as many sets as fit in a core's L2 cache by an estimate of their
+  // parameters and activations, and at least one task per thread. Results
+  // and gradients equal the one-task path's.
+  std::optional<std::int64_t> sets_per_task{};
 };
 
 namespace compile_error {
@@ -158,6 +166,15 @@ Out unflatten_sets(const Out& out, c10::IntArrayRef batch) {
 }  // namespace detail
 
 namespace detail {
+// Whether a call's inputs are one tensor.
+template <class Inputs>
+constexpr bool one_tensor() {
+  if constexpr (std::tuple_size_v<Inputs> == 1)
+    return std::is_convertible_v<std::tuple_element_t<0, Inputs>, at::Tensor>;
+  else
+    return false;
+}
+
 // One set's output (a tensor, or a tuple of them) with a sets dim of 1 in front.
 template <class Out>
 Out with_sets_dim(const Out& out) {
@@ -181,13 +198,98 @@ auto one_tensor_lowering(Lower lower) {
   };
 }
 
+// A lowered call's sets in parallel tasks (detail/parallel_sets.hpp), or
+// std::nullopt where they run as one: one thread and no sets_per_task, or
+// too few sets. Params and the tensor inputs become the tasks' tensors; each
+// task rebuilds them and calls lowered on its sets. Randomness "error" only:
+// tasks drawing in parallel would not follow the seed.
+template <class Params, class Inputs, std::size_t N, class Lowered>
+std::optional<at::Tensor> run_in_tasks(const Params& p, const Inputs& inputs, const std::array<bool, N>& is_mapped,
+                                       std::int64_t sets, const functional_vmap_options& options, Lowered& lowered) {
+  const std::int64_t threads = at::get_num_threads();
+  if (options.sets_per_task && *options.sets_per_task <= 0)
+    throw value_error("functional_vmap: sets_per_task must be positive, got " + std::to_string(*options.sets_per_task));
+  if (!options.sets_per_task && (threads < 2 || at::in_parallel_region())) return std::nullopt;
+
+  std::vector<at::Tensor> tensors;
+  std::vector<bool> mapped;
+  (void)p.apply([&](const at::Tensor& t) {
+    tensors.push_back(t);
+    mapped.push_back(true);
+    return t;
+  });
+  const std::size_t n_params = tensors.size();
+  std::apply(
+      [&](const auto&... in) {
+        std::size_t k = 0;
+        (
+            [&](const auto& x) {
+              if constexpr (is_tensor_v<std::remove_cvref_t<decltype(x)>>) {
+                tensors.push_back(x);
+                mapped.push_back(is_mapped[k]);
+              }
+              ++k;
+            }(in),
+            ...);
+      },
+      inputs);
+
+  std::int64_t per_task = sets;
+  if (options.sets_per_task) {
+    per_task = std::min(sets, *options.sets_per_task);
+  } else {
+    // Working set of one set: its parameters, and its rows at the widest layer in, out and saved.
+    std::int64_t bytes = 0, widest = 1, rows = 0;
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      const at::Tensor& t = tensors[k];
+      if (!t.defined()) continue;
+      const std::int64_t per_set = mapped[k] ? t.numel() / std::max<std::int64_t>(1, t.size(0)) : t.numel();
+      if (k < n_params) {
+        bytes += per_set * static_cast<std::int64_t>(t.element_size());
+        for (std::int64_t d = 1; d < t.dim(); ++d) widest = std::max(widest, t.size(d));
+      } else if (t.dim() > 0) {
+        rows = std::max(rows, per_set / std::max<std::int64_t>(1, t.size(-1)));
+      }
+    }
+    bytes += 3 * rows * widest * static_cast<std::int64_t>(sizeof(float));
+    per_task = ::tensordict::detail::sets_per_task(sets, bytes, threads);
+  }
+  if (per_task >= sets) return std::nullopt;
+
+  const ::tensordict::detail::set_task task = [&](const std::vector<at::Tensor>& own, std::int64_t, std::int64_t length) {
+    std::size_t next = 0;
+    const std::array<std::int64_t, 1> task_sets{length};
+    const Params task_params = p.apply([&](const at::Tensor&) { return own[next++]; }, task_sets);
+    // Braced: the inputs take their tensors in order.
+    const Inputs task_inputs = std::apply(
+        [&](const auto&... in) {
+          return Inputs{[&](const auto& x) {
+            if constexpr (is_tensor_v<std::remove_cvref_t<decltype(x)>>)
+              return own[next++];
+            else
+              return x;
+          }(in)...};
+        },
+        inputs);
+    auto out = lowered(task_params, task_inputs, is_mapped, batch_context{length, options.randomness});
+    if constexpr (std::is_same_v<decltype(out), at::Tensor>) {
+      return out;
+    } else {
+      if (!out) throw error("functional_vmap: internal: a task's sets did not lower, the whole call did");
+      return at::Tensor(std::move(*out));
+    }
+  };
+  return ::tensordict::detail::run_set_tasks(sets, per_task, tensors, mapped, task);
+}
+
 // What functional_vmap does once the inputs are known: params (in the
 // module's own form), the inputs with the dims that map them, call_one(p,
 // inputs...) for one set or under vmap, and lowered(p, inputs, mapped, ctx)
 // giving the batched form's outputs (std::nullopt when there is none).
+// `lowers`: lowered gives a value for these inputs (so that its sets may run in parallel tasks).
 template <class Params, class Inputs, std::size_t N, class CallOne, class Lowered>
 auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<in_dim, N> dims, bool any_mapped,
-                         const functional_vmap_options& options, CallOne& call_one, Lowered& lowered) {
+                         const functional_vmap_options& options, CallOne& call_one, Lowered& lowered, bool lowers) {
   constexpr std::size_t n_inputs = std::tuple_size_v<Inputs>;
   static_assert(n_inputs == N);
   const c10::IntArrayRef batch = params.batch_size();
@@ -256,6 +358,9 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
     } else {
       std::array<bool, n_inputs> is_mapped{};
       for (std::size_t k = 0; k < n_inputs; ++k) is_mapped[k] = dims[k].has_value();
+      if constexpr (std::is_same_v<Out, at::Tensor>)
+        if (lowers && options.randomness == tensordict::randomness::error)
+          if (auto out = run_in_tasks(p, chunk_inputs, is_mapped, length, options, lowered)) return std::move(*out);
       auto out = lowered(p, chunk_inputs, is_mapped, batch_context{length, options.randomness});
       if constexpr (std::is_same_v<decltype(out), std::optional<Out>>)
         if (out) return std::move(*out);
@@ -347,44 +452,52 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
       return one_tensor(p, in, mapped, ctx);
     }
   };
+  bool lowers = false;
+  if constexpr (std::is_same_v<decltype(Method), std::nullptr_t>) {
+    if constexpr (requires { batched<Impl>::forward(impl, std::declval<const TensorDict<schema_of<Impl>>&>(), inputs,
+                                                    std::array<bool, std::tuple_size_v<decltype(inputs)>>{}, batch_context{}); }) {
+      lowers = true;
+      if constexpr (requires { batched<Impl>::supports(impl); }) lowers = batched<Impl>::supports(impl);
+    } else if constexpr (detail::one_tensor<decltype(inputs)>()) {
+      lowers = lowers_whole(impl);
+    }
+  }
   return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims,
-                                     std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered);
+                                     std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered, lowers);
 }
 
 }  // namespace nn
 
 namespace nn {
 namespace detail {
-// The batched form of a whole run-time model, or std::nullopt when some module has none.
-inline std::optional<stacked> dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params, const stacked& x,
-                                              const batch_context& ctx) {
+// Whether every module of a run-time model lowers with these params.
+inline bool dynamic_lowers(torch::nn::Module& m, const AnyTensorDict& params) {
   if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
     // All children lowered, or none: vmap then runs the whole chain once.
     auto names = seq->named_children();
     std::size_t i = 0;
-    stacked value = x;
-    for (auto& child : *seq) {
-      auto out = dynamic_lowered(*child.ptr(), ::tensordict::detail::child_params(params, names[i++].key()), value, ctx);
-      if (!out) return std::nullopt;
-      value = std::move(*out);
-    }
-    return value;
+    for (auto& child : *seq)
+      if (!dynamic_lowers(*child.ptr(), ::tensordict::detail::child_params(params, names[i++].key()))) return false;
+    return true;
   }
   auto kind = module_registry::instance().find(m);
-  if (!kind || !kind->batched) return std::nullopt;
-  // The batched forms take every tensor stacked; a module's own unstacked ones go through vmap.
-  for (const auto& [name, member] : kind->members(m))
-    if (member->defined() && !params.contains(name)) return std::nullopt;
-  return kind->batched(m, params, x, ctx);
+  return kind && kind->batched && kind->lowers(m, params);
 }
 
-template <class Inputs>
-constexpr bool one_tensor() {
-  if constexpr (std::tuple_size_v<Inputs> == 1)
-    return std::is_convertible_v<std::tuple_element_t<0, Inputs>, at::Tensor>;
-  else
-    return false;
+// The batched form of a whole run-time model, where dynamic_lowers says it has one.
+inline stacked dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params, const stacked& x,
+                               const batch_context& ctx) {
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
+    auto names = seq->named_children();
+    std::size_t i = 0;
+    stacked value = x;
+    for (auto& child : *seq)
+      value = dynamic_lowered(*child.ptr(), ::tensordict::detail::child_params(params, names[i++].key()), value, ctx);
+    return value;
+  }
+  return module_registry::instance().find(m)->batched(m, params, x, ctx);
 }
+
 }  // namespace detail
 
 // functional_vmap on a run-time model: params (an AnyTensorDict whose batch
@@ -411,12 +524,14 @@ at::Tensor functional_vmap(M&& module, const AnyTensorDict& params, Args args = 
     auto call_one = [&](const AnyTensorDict& one, const at::Tensor& x) {
       return ::tensordict::detail::dynamic_call(m, any, one, x);
     };
+    const bool lowers = detail::dynamic_lowers(m, p);
     auto lowered = detail::one_tensor_lowering([&](const AnyTensorDict& stacked_params, const stacked& x,
-                                                   const batch_context& ctx) {
+                                                   const batch_context& ctx) -> std::optional<stacked> {
+      if (!lowers) return std::nullopt;
       return detail::dynamic_lowered(m, stacked_params, x, ctx);
     });
     return detail::run_functional_vmap(p, inputs, dims, std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one,
-                                       lowered);
+                                       lowered, lowers);
   }
 }
 
@@ -464,7 +579,7 @@ auto functional_vmap(M&& module, const AnyTensorDict& params, Args args = {}, Kw
       return std::optional<Out>();
   };
   return detail::run_functional_vmap(p, inputs, dims, std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one,
-                                     lowered);
+                                     lowered, lowers);
 }
 
 }  // namespace nn

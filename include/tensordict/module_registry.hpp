@@ -40,8 +40,11 @@ struct module_kind {
   std::function<std::vector<std::pair<std::string, at::Tensor*>>(torch::nn::Module&)> members;
   // forward(module, its params, input) without touching the module; empty when it has none.
   std::function<at::Tensor(torch::nn::Module&, const AnyTensorDict&, const at::Tensor&)> forward;
-  // The batched form for functional_vmap; empty, or std::nullopt for options it does not lower.
-  std::function<std::optional<stacked>(torch::nn::Module&, const AnyTensorDict&, const stacked&, const batch_context&)> batched;
+  // The batched form for functional_vmap (empty when the type has none), and
+  // whether it lowers this module with these params (its options; every
+  // tensor stacked): batched is called only where lowers says so.
+  std::function<stacked(torch::nn::Module&, const AnyTensorDict&, const stacked&, const batch_context&)> batched;
+  std::function<bool(torch::nn::Module&, const AnyTensorDict&)> lowers;
   // Draws its initial values into the tensors it holds (nn::reset_parameters); empty when unknown.
   std::function<void(torch::nn::Module&)> reset;
 };
@@ -85,15 +88,19 @@ module_kind kind_of() {
     if constexpr (requires(Impl& m, const AnyTensorDict& p, const at::Tensor& x, const batch_context& ctx) {
                     { batched<Impl>::forward(m, p, std::tuple<at::Tensor>(x), std::array<bool, 1>{}, ctx) } -> std::same_as<at::Tensor>;
                   })
-      kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x,
-                        const batch_context& ctx) -> std::optional<stacked> {
-        auto& impl = dynamic_cast<Impl&>(m);
-        if constexpr (requires { batched<Impl>::supports(impl); })
-          if (!batched<Impl>::supports(impl)) return std::nullopt;
-        // Partial params: the rest comes from the module, per set (vmap).
-        if (::tensordict::detail::first_missing_tensor(m, p)) return std::nullopt;
-        return stacked{batched<Impl>::forward(impl, p, std::tuple<at::Tensor>(x.value), std::array<bool, 1>{x.mapped}, ctx), true};
+    {
+      kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x, const batch_context& ctx) {
+        return stacked{batched<Impl>::forward(dynamic_cast<Impl&>(m), p, std::tuple<at::Tensor>(x.value),
+                                              std::array<bool, 1>{x.mapped}, ctx),
+                       true};
       };
+      kind.lowers = [](torch::nn::Module& m, const AnyTensorDict& p) {
+        if constexpr (requires(Impl& impl) { batched<Impl>::supports(impl); })
+          if (!batched<Impl>::supports(dynamic_cast<Impl&>(m))) return false;
+        // Partial params: the rest comes from the module, per set (vmap).
+        return !::tensordict::detail::first_missing_tensor(m, p);
+      };
+    }
     return kind;
   } else if constexpr (!described_module<Impl>) {
     ::tensordict::compile_error::report<compile_error::registered_type_without_schema<Impl>>();
@@ -112,12 +119,16 @@ module_kind kind_of() {
         };
     }
     if constexpr (has_stacked_form<Impl>) {
-      kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x,
-                        const batch_context& ctx) -> std::optional<stacked> {
-        auto& impl = dynamic_cast<Impl&>(m);
-        if constexpr (requires { batched<Impl>::supports(impl); })
-          if (!batched<Impl>::supports(impl)) return std::nullopt;
-        return batched<Impl>::forward(impl, p.to_typed<S>({.allow_missing = true}), x, ctx);
+      kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x, const batch_context& ctx) {
+        return batched<Impl>::forward(dynamic_cast<Impl&>(m), p.to_typed<S>({.allow_missing = true}), x, ctx);
+      };
+      kind.lowers = [](torch::nn::Module& m, const AnyTensorDict& p) {
+        if constexpr (requires(Impl& impl) { batched<Impl>::supports(impl); })
+          if (!batched<Impl>::supports(dynamic_cast<Impl&>(m))) return false;
+        // The batched forms take every tensor stacked; a module's own unstacked ones go through vmap.
+        for (const auto& [name, member] : own_members<Impl>(m))
+          if (member->defined() && !p.contains(name)) return false;
+        return true;
       };
     }
     return kind;

@@ -211,6 +211,24 @@ constexpr bool fully_lowered() {
     return has_stacked_form<Impl>;
   }
 }
+
+// Whether the batched forms lower the whole module with its options (the
+// run-time part of fully_lowered: a Conv2d's padding mode, a BatchNorm in eval).
+template <class Impl>
+bool lowers_whole(Impl& m) {
+  if constexpr (requires { typename Impl::is_sequential; }) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return (lowers_whole(*m.template child<I>()) && ...);
+    }(std::make_index_sequence<Impl::size()>{});
+  } else if constexpr (has_stacked_form<Impl>) {
+    if constexpr (requires { batched<Impl>::supports(m); })
+      return batched<Impl>::supports(m);
+    else
+      return true;
+  } else {
+    return false;
+  }
+}
 }  // namespace nn
 
 }  // namespace tensordict

@@ -1,0 +1,193 @@
+// Runs the sets of a lowered functional_vmap in tasks across libtorch's
+// intra-op threads (at::parallel_for): the sets are independent, so each task
+// runs the whole layer stack on its own sets, one BLAS thread inside, and the
+// outputs are joined. With gradients wanted, the tasks' graphs sit behind one
+// autograd node whose backward runs them in parallel again (the autograd
+// engine would otherwise run every task's backward on one thread).
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "../errors.hpp"
+
+namespace tensordict::detail {
+
+// One core's share of cache: a task's sets should fit in it.
+inline std::int64_t core_cache_bytes() {
+  static const std::int64_t bytes = [] {
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? static_cast<std::int64_t>(l2) : std::int64_t{1} << 20;
+  }();
+  return bytes;
+}
+
+// Sets per task: as many as fit in a core's cache by the estimate, but at
+// least one task per thread, and a number of tasks that the threads share evenly.
+inline std::int64_t sets_per_task(std::int64_t sets, std::int64_t bytes_per_set, std::int64_t threads) {
+  const std::int64_t fit = std::max<std::int64_t>(1, core_cache_bytes() / std::max<std::int64_t>(1, bytes_per_set));
+  std::int64_t tasks = std::max(threads, (sets + fit - 1) / fit);
+  tasks = std::min(sets, (tasks + threads - 1) / threads * threads);
+  return (sets + tasks - 1) / tasks;
+}
+
+// task(tensors, start, length): the output of sets [start, start + length),
+// given the call's tensors narrowed to them (dim 0 of those marked `mapped`
+// indexes the sets; the others every set shares).
+using set_task = std::function<at::Tensor(const std::vector<at::Tensor>&, std::int64_t, std::int64_t)>;
+
+struct set_tasks_plan {
+  std::int64_t sets = 0;
+  std::int64_t per_task = 0;
+  std::vector<bool> mapped;
+  const set_task* task = nullptr;
+
+  std::int64_t count() const { return (sets + per_task - 1) / per_task; }
+  std::int64_t start(std::int64_t t) const { return t * per_task; }
+  std::int64_t length(std::int64_t t) const { return std::min(per_task, sets - t * per_task); }
+
+  // The tensors of task t, as new autograd leaves where `as_leaves`.
+  std::vector<at::Tensor> inputs_of(const std::vector<at::Tensor>& tensors, std::int64_t t, bool as_leaves) const {
+    std::vector<at::Tensor> out;
+    out.reserve(tensors.size());
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      const at::Tensor& whole = tensors[k];
+      at::Tensor part = mapped[k] ? whole.narrow(0, start(t), length(t)) : whole;
+      if (as_leaves) {
+        part = part.detach();
+        if (whole.requires_grad()) part.requires_grad_(true);
+      }
+      out.push_back(std::move(part));
+    }
+    return out;
+  }
+
+  // Runs body(t) for every task, across the intra-op threads, each with the caller's thread-local state.
+  template <class Body>
+  void for_each_task(Body&& body) const {
+    const at::ThreadLocalState state;
+    at::parallel_for(0, count(), 1, [&](std::int64_t begin, std::int64_t end) {
+      const at::ThreadLocalStateGuard guard(state);
+      for (std::int64_t t = begin; t < end; ++t) body(t);
+    });
+  }
+};
+
+// The autograd node of the parallel tasks: forward runs them, each recording
+// its own graph from leaves of its own; backward runs those graphs in
+// parallel and joins the gradients (mapped tensors' by their sets, shared
+// ones' summed). First-order only: a graph of the gradients would not reach
+// the caller's tensors.
+struct set_tasks_function : torch::autograd::Function<set_tasks_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const set_tasks_plan* plan, at::TensorList tensors) {
+    const std::vector<at::Tensor> whole(tensors.begin(), tensors.end());
+    const std::int64_t count = plan->count();
+    std::vector<at::Tensor> outputs(static_cast<std::size_t>(count));
+    std::vector<std::vector<at::Tensor>> leaves(static_cast<std::size_t>(count));
+    plan->for_each_task([&](std::int64_t t) {
+      const at::AutoGradMode record(true);
+      leaves[t] = plan->inputs_of(whole, t, true);
+      outputs[t] = (*plan->task)(leaves[t], plan->start(t), plan->length(t));
+    });
+    std::vector<at::Tensor> flat_leaves;
+    for (auto& l : leaves) flat_leaves.insert(flat_leaves.end(), l.begin(), l.end());
+    ctx->saved_data["outputs"] = outputs;
+    ctx->saved_data["leaves"] = flat_leaves;
+    ctx->saved_data["per_task"] = plan->per_task;
+    c10::List<bool> mapped;
+    for (bool m : plan->mapped) mapped.push_back(m);
+    ctx->saved_data["mapped"] = mapped;
+    std::vector<at::Tensor> joined;
+    for (const auto& o : outputs) joined.push_back(o.detach());
+    return at::cat(joined, 0);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    if (at::GradMode::is_enabled())
+      throw error(
+          "functional_vmap: a graph of the gradients (create_graph=true) through sets run in parallel tasks is not "
+          "supported; run them in one task (functional_vmap_options{.sets_per_task = <the number of sets>})");
+    const std::vector<at::Tensor> outputs = ctx->saved_data["outputs"].toTensorVector();
+    const std::vector<at::Tensor> flat_leaves = ctx->saved_data["leaves"].toTensorVector();
+    std::vector<bool> mapped;
+    for (bool m : ctx->saved_data["mapped"].toBoolList()) mapped.push_back(m);
+    const std::size_t n = mapped.size();
+    const auto count = static_cast<std::int64_t>(outputs.size());
+    const std::int64_t per_task = ctx->saved_data["per_task"].toInt();
+    const at::Tensor& grad = grad_outputs[0];
+
+    // Per task, the gradients of its leaves that take one.
+    std::vector<std::vector<at::Tensor>> grads(static_cast<std::size_t>(count), std::vector<at::Tensor>(n));
+    const set_tasks_plan plan{count * per_task, per_task, mapped, nullptr};
+    if (grad.defined()) {
+      plan.for_each_task([&](std::int64_t t) {
+        if (!outputs[t].requires_grad()) return;
+        std::vector<at::Tensor> wanted;
+        std::vector<std::size_t> where;
+        for (std::size_t k = 0; k < n; ++k) {
+          const at::Tensor& leaf = flat_leaves[static_cast<std::size_t>(t) * n + k];
+          if (leaf.requires_grad()) {
+            wanted.push_back(leaf);
+            where.push_back(k);
+          }
+        }
+        const auto g = torch::autograd::grad({outputs[t]}, wanted, {grad.narrow(0, t * per_task, outputs[t].size(0))},
+                                             /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+        for (std::size_t j = 0; j < where.size(); ++j) grads[t][where[j]] = g[j];
+      });
+    }
+    // One per forward argument: none for the plan, then the tensors'.
+    torch::autograd::variable_list result{at::Tensor()};
+    for (std::size_t k = 0; k < n; ++k) {
+      std::vector<at::Tensor> parts;
+      bool any = false;
+      for (std::int64_t t = 0; t < count; ++t) {
+        const at::Tensor& leaf = flat_leaves[static_cast<std::size_t>(t) * n + k];
+        at::Tensor g = grads[t][k];
+        any = any || g.defined();
+        if (!g.defined() && mapped[k]) g = at::zeros_like(leaf);
+        parts.push_back(std::move(g));
+      }
+      if (!any) {
+        result.emplace_back();
+      } else if (mapped[k]) {
+        result.push_back(at::cat(parts, 0));
+      } else {
+        at::Tensor sum;
+        for (auto& g : parts)
+          if (g.defined()) sum = sum.defined() ? at::add(sum, g) : g;  // not in place: g may alias grad_outputs
+        result.push_back(sum);
+      }
+    }
+    return result;
+  }
+};
+
+// The joined output of task(...) over `sets` sets in tasks of `per_task`,
+// differentiable with respect to `tensors` where gradients are wanted.
+inline at::Tensor run_set_tasks(std::int64_t sets, std::int64_t per_task, const std::vector<at::Tensor>& tensors,
+                                const std::vector<bool>& mapped, const set_task& task) {
+  const set_tasks_plan plan{sets, per_task, mapped, &task};
+  const bool wants_grad = at::GradMode::is_enabled() &&
+                          std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.requires_grad(); });
+  if (wants_grad) return set_tasks_function::apply(&plan, at::TensorList(tensors));
+  std::vector<at::Tensor> outputs(static_cast<std::size_t>(plan.count()));
+  plan.for_each_task([&](std::int64_t t) { outputs[t] = task(plan.inputs_of(tensors, t, false), plan.start(t), plan.length(t)); });
+  return at::cat(outputs, 0);
+}
+
+}  // namespace tensordict::detail
