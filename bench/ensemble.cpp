@@ -1,13 +1,15 @@
-// Ensembles of MLPs (Linear-ReLU-Linear-ReLU-Linear): a per-member loop, the
-// generic vmap path, the lowered functional_vmap and hand-written baddbmm
-// code, for a forward and for a training step (forward, backward, SGD), all
-// on the same stacked parameters. Then 8 LSTMs and 8 two-layer transformer
-// encoders: the loop is the members' own modules there. One BLAS thread.
-// Prints a table and, per config and mode, one line of ratios measured in
-// this run.
+// Ensembles of MLPs (Linear-ReLU-Linear-ReLU-Linear), 8 LSTMs and 8
+// two-layer transformer encoders: the members' own modules in a loop (their
+// own backward and SGD in training), functional_call on slices of the stacked
+// params, the generic vmap path, the lowered functional_vmap and hand-written
+// batched code, for a forward and a training step (forward, backward, SGD),
+// at 1 and 2 intra-op threads (one BLAS thread each). Prints a table and, per
+// config, mode and threads, one line of ratios measured in this run, with the
+// lowered path's GFLOP/s beside at::mm 512x512's on one core and on all.
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,12 +17,15 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/baddbmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -73,29 +78,103 @@ double seconds_per_call(F&& f, double budget) {
   }
   return elapsed / calls;
 }
-// Times the variants {loop, vmap, lowered, handwritten} (an empty one is not
-// run) in rounds that interleave them, so that drift of the machine hits them
-// alike; the median round counts. Prints the row, returns the ratios line.
-std::string time_variants(const char* name, const char* mode, std::vector<std::function<void()>> variants, double budget) {
-  std::vector<std::vector<double>> rounds(variants.size());
-  for (int round = 0; round < 7; ++round)
-    for (std::size_t v = 0; v < variants.size(); ++v)
-      if (variants[v]) rounds[v].push_back(seconds_per_call(variants[v], budget / 7));
-  auto median = [](std::vector<double> t) {
-    if (t.empty()) return std::nan("");
-    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-    return t[t.size() / 2];
-  };
-  const double t_loop = median(rounds[0]), t_vmap = median(rounds[1]), t_low = median(rounds[2]), t_hand = median(rounds[3]);
-  std::printf("%-26s %-5s %10.1f %10.1f %10.1f %10.1f\n", name, mode, t_loop * 1e6, t_vmap * 1e6, t_low * 1e6, t_hand * 1e6);
-  auto ratio = [](double r) { return std::isnan(r) ? std::string("n/a") : std::to_string(r).substr(0, std::to_string(r).find('.') + 3); };
-  return std::string("ensemble ") + name + " " + mode + " lowered/handwritten=" + ratio(t_low / t_hand) +
-         " loop/lowered=" + ratio(t_loop / t_low) + " vmap/lowered=" + ratio(t_vmap / t_low);
+
+// at::mm of two 512x512 matrices: GFLOP/s of one core, and of every thread
+// running its own at once (one BLAS thread each).
+double mm_gflops(int threads, double budget) {
+  std::vector<at::Tensor> a, b, c;
+  for (int i = 0; i < threads; ++i) {
+    a.push_back(at::randn({512, 512}));
+    b.push_back(at::randn({512, 512}));
+    c.push_back(at::empty({512, 512}));
+  }
+  const double t = seconds_per_call(
+      [&] {
+        at::parallel_for(0, threads, 1, [&](std::int64_t begin, std::int64_t end) {
+          for (auto i = begin; i < end; ++i) at::mm_out(c[i], a[i], b[i]);
+        });
+      },
+      budget);
+  return threads * 2.0 * 512 * 512 * 512 / t / 1e9;
 }
 
-// 8 LSTMs (in 32, hidden 128, 2 layers), sequence 50, batch 32. The loop is
-// the members' own forwards (and, in training, their own backward and SGD);
-// vmap is not run: libtorch's vmap has no batching rule for aten::lstm.
+enum variant { loop, slices, vmapped, lowered, hand, n_variants };
+const char* const variant_names[] = {"loop", "slices", "vmap", "lowered", "handwritten"};
+
+struct row {
+  std::string config, mode;
+  int threads;
+  double flops;  // per call
+  std::array<double, n_variants> seconds;
+};
+
+// Times the variants (an empty one is not run) in rounds that interleave
+// them, so that drift of the machine hits them alike; the median round counts.
+std::array<double, n_variants> time_variants(std::array<std::function<void()>, n_variants> variants, double budget) {
+  std::array<std::vector<double>, n_variants> rounds;
+  for (int round = 0; round < 7; ++round)
+    for (std::size_t v = 0; v < n_variants; ++v)
+      if (variants[v]) rounds[v].push_back(seconds_per_call(variants[v], budget / 7));
+  std::array<double, n_variants> median;
+  for (std::size_t v = 0; v < n_variants; ++v) {
+    auto& t = rounds[v];
+    if (t.empty()) {
+      median[v] = std::nan("");
+      continue;
+    }
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    median[v] = t[t.size() / 2];
+  }
+  return median;
+}
+
+// A forward (no grad) or a training step: MSE against target, backward, SGD on `trained`.
+template <class Forward>
+std::function<void()> step(Forward forward, bool train, const at::Tensor& target, std::vector<at::Tensor> trained) {
+  return [forward, train, target, trained] {
+    if (!train) {
+      at::NoGradGuard no_grad;
+      forward();
+      return;
+    }
+    (forward() - target).pow(2).mean().backward();
+    at::NoGradGuard no_grad;
+    for (const auto& t : trained) {
+      const_cast<at::Tensor&>(t).sub_(t.grad(), 1e-3);
+      const_cast<at::Tensor&>(t).mutable_grad().zero_();
+    }
+  };
+}
+
+std::vector<at::Tensor> parameters_of(auto& members) {
+  std::vector<at::Tensor> out;
+  for (auto& m : members)
+    for (auto& t : m->parameters()) out.push_back(t);
+  return out;
+}
+
+// Times a forward and a training step of each variant given (loop is the
+// members' own modules; the others train the stacked tensors).
+void time_config(const char* name, int threads, const std::array<double, 2>& flops, std::vector<at::Tensor> own,
+                 std::vector<at::Tensor> stacked, const at::Tensor& target,
+                 std::array<std::function<at::Tensor()>, n_variants> forwards, double budget, std::vector<row>& rows) {
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor reference = forwards[lowered]();
+    for (std::size_t v = 0; v < n_variants; ++v)
+      TORCH_CHECK(!forwards[v] || reference.allclose(forwards[v](), 1e-4, 1e-5), "bench/ensemble: ", name, ": lowered and ",
+                  variant_names[v], " disagree");
+  }
+  for (const bool train : {false, true}) {
+    std::array<std::function<void()>, n_variants> steps;
+    for (std::size_t v = 0; v < n_variants; ++v)
+      if (forwards[v]) steps[v] = step(forwards[v], train, target, v == loop ? own : stacked);
+    rows.push_back({name, train ? "train" : "fwd", threads, flops[train], time_variants(steps, budget)});
+  }
+}
+
+// 8 LSTMs (in 32, hidden 128, 2 layers), sequence 50, batch 32; vmap is not
+// run: libtorch's vmap has no batching rule for aten::lstm.
 at::Tensor handwritten_lstm(const td::AnyTensorDict& p, const at::Tensor& x) {
   const auto sets = p.batch_size()[0];
   at::Tensor h_seq = x.unsqueeze(0).expand({sets, x.size(0), x.size(1), x.size(2)});  // [sets, T, B, in]
@@ -119,80 +198,91 @@ at::Tensor handwritten_lstm(const td::AnyTensorDict& p, const at::Tensor& x) {
   return h_seq;
 }
 
-// Times a forward and a training step (MSE against target, SGD) of: the
-// members' own modules (loop; their own backward and SGD), the lowered
-// functional_vmap and a hand-written batched version (skipped when empty),
-// the last two on the stacked tensors.
-template <class Members, class Loop, class Lowered, class Hand>
-void own_modules_ensemble(const char* name, Members& members, std::vector<at::Tensor> stacked, const at::Tensor& target,
-                          Loop loop, Lowered lowered, Hand hand, double budget, std::vector<std::string>& lines) {
-  {
-    at::NoGradGuard no_grad;
-    const at::Tensor reference = lowered();
-    TORCH_CHECK(reference.allclose(loop(), 1e-4, 1e-5), "bench/ensemble: ", name, ": lowered and loop disagree");
-    if constexpr (!std::is_same_v<Hand, std::nullptr_t>)
-      TORCH_CHECK(reference.allclose(hand(), 1e-4, 1e-5), "bench/ensemble: ", name, ": lowered and handwritten disagree");
-  }
-  std::vector<at::Tensor> own;
-  for (auto& m : members)
-    for (auto& t : m->parameters()) own.push_back(t);
-  for (const char* mode : {"fwd", "train"}) {
-    const bool train = std::strcmp(mode, "train") == 0;
-    auto step = [&](auto forward, std::vector<at::Tensor>& trained) -> std::function<void()> {
-      return [&, forward, train] {
-        if (!train) {
-          at::NoGradGuard no_grad;
-          forward();
-          return;
-        }
-        (forward() - target).pow(2).mean().backward();
-        at::NoGradGuard no_grad;
-        for (auto& t : trained) {
-          t.sub_(t.grad(), 1e-3);
-          t.mutable_grad().zero_();
-        }
-      };
-    };
-    std::function<void()> hand_step;
-    if constexpr (!std::is_same_v<Hand, std::nullptr_t>) hand_step = step(hand, stacked);
-    lines.push_back(time_variants(name, mode, {step(loop, own), {}, step(lowered, stacked), hand_step}, budget));
-  }
-}
-
-void lstm_ensemble(double budget, std::vector<std::string>& lines) {
+void lstm_ensemble(int threads, double budget, std::vector<row>& rows) {
   std::vector<torch::nn::LSTM> members;
   for (int i = 0; i < 8; ++i) members.emplace_back(torch::nn::LSTMOptions(32, 128).num_layers(2));
   const td::AnyTensorDict params = td::from_modules(members);
   const at::Tensor x = at::randn({50, 32, 32});
-  auto loop = [&] {
-    std::vector<at::Tensor> outs;
-    for (auto& m : members) outs.push_back(std::get<0>(m->forward(x)));
-    return at::stack(outs);
-  };
-  auto lowered = [&] { return std::get<0>(tdn::functional_vmap(members[0], params, tdn::args(x))); };
-  auto hand = [&] { return handwritten_lstm(params, x); };
-  own_modules_ensemble("lstm:8x(32-128x2)/50x32", members, params.values(), at::randn({8, 50, 32, 128}), loop, lowered,
-                       hand, budget, lines);
+  // Per member and layer, per step: 2 * batch * 4 hidden * (in + hidden); training about 3x.
+  const double fwd = 8.0 * 50 * 2 * 32 * 4 * 128 * ((32 + 128) + (128 + 128));
+  time_config(
+      "lstm:8x(32-128x2)/50x32", threads, {fwd, 3 * fwd}, parameters_of(members), params.values(),
+      at::randn({8, 50, 32, 128}),
+      {[&] {
+         std::vector<at::Tensor> outs;
+         for (auto& m : members) outs.push_back(std::get<0>(m->forward(x)));
+         return at::stack(outs);
+       },
+       {}, {}, [&] { return std::get<0>(tdn::functional_vmap(members[0], params, tdn::args(x))); },
+       [&] { return handwritten_lstm(params, x); }},
+      budget, rows);
 }
 
 // 8 TransformerEncoders of 2 layers (d_model 64, 4 heads, feed-forward 2048,
 // no dropout), sequence 32, batch 16: a run-time layout (their layers are a
 // ModuleList), so their params are an AnyTensorDict. Not vmapped, nor hand-written.
-void transformer_ensemble(double budget, std::vector<std::string>& lines) {
+void transformer_ensemble(int threads, double budget, std::vector<row>& rows) {
   using torch::nn::TransformerEncoder;
   auto layer = torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(64, 4).dropout(0.0));
   std::vector<TransformerEncoder> members;
   for (int i = 0; i < 8; ++i) members.emplace_back(torch::nn::TransformerEncoderOptions(layer, 2));
   const td::AnyTensorDict params = td::from_modules(members);
   const at::Tensor x = at::randn({32, 16, 64});
-  auto loop = [&] {
-    std::vector<at::Tensor> outs;
-    for (auto& m : members) outs.push_back(m->forward(x));
-    return at::stack(outs);
-  };
-  auto lowered = [&] { return tdn::functional_vmap(members[0], params, tdn::args(x)); };
-  own_modules_ensemble("transformer:8x(64,4h,2l)/32x16", members, params.values(), at::randn({8, 32, 16, 64}), loop,
-                       lowered, nullptr, budget, lines);
+  // Per member and layer: projections 2*L*B*d*(3d + d), scores and mixing 2 * 2*B*L*L*d, feed-forward 2 * 2*L*B*d*2048.
+  const double tokens = 32.0 * 16, d = 64;
+  const double fwd = 8.0 * 2 * (2 * tokens * d * 4 * d + 4 * 16 * 32 * 32 * d + 4 * tokens * d * 2048);
+  time_config("transformer:8x(64,4h,2l)/32x16", threads, {fwd, 3 * fwd}, parameters_of(members), params.values(),
+              at::randn({8, 32, 16, 64}),
+              {[&] {
+                 std::vector<at::Tensor> outs;
+                 for (auto& m : members) outs.push_back(m->forward(x));
+                 return at::stack(outs);
+               },
+               {}, {}, [&] { return tdn::functional_vmap(members[0], params, tdn::args(x)); }, {}},
+              budget, rows);
+}
+
+void mlp_ensemble(const config& c, int threads, double budget, std::vector<row>& rows) {
+  std::vector<mlp> members;
+  for (int i = 0; i < c.members; ++i)
+    members.emplace_back(Linear(c.in, c.hidden), ReLU(), Linear(c.hidden, c.hidden), ReLU(), Linear(c.hidden, c.out));
+  params_t params = td::from_modules(members);
+  mlp& shape = members[0];
+  const at::Tensor x = at::randn({c.batch, c.in});
+  // Forward: 2 * batch * weights per member; training: the weights' and the inputs' gradients too, but not x's.
+  const double weights = double(c.in) * c.hidden + double(c.hidden) * c.hidden + double(c.hidden) * c.out;
+  const double fwd = 2.0 * c.batch * weights * c.members;
+  const double train = 3 * fwd - 2.0 * c.batch * c.in * c.hidden * c.members;
+  time_config(c.name, threads, {fwd, train}, parameters_of(members), params.values(),
+              at::randn({c.members, c.batch, c.out}),
+              {[&] {
+                 std::vector<at::Tensor> outs;
+                 for (auto& m : members) outs.push_back(m->forward(x));
+                 return at::stack(outs);
+               },
+               [&] {
+                 std::vector<at::Tensor> outs;
+                 for (int i = 0; i < c.members; ++i) outs.push_back(td::functional_call(shape, params[i], x));
+                 return at::stack(outs);
+               },
+               [&] {
+                 return td::vmap([&](const params_t& one, const at::Tensor& in) { return td::functional_call(shape, one, in); },
+                                 {0, std::nullopt})(params, x);
+               },
+               [&] {
+                 tdn::functional_vmap_options options;
+                 if (const char* n = std::getenv("SETS_PER_TASK")) options.sets_per_task = std::atoi(n);
+                 return tdn::functional_vmap(shape, params, tdn::args(x), {}, {}, options);
+               },
+               [&] { return handwritten(params, x); }},
+              budget, rows);
+}
+
+std::string ratio(double r) {
+  if (std::isnan(r)) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", r);
+  return text;
 }
 }  // namespace
 
@@ -209,69 +299,53 @@ int main(int argc, char** argv) {
     setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296", 1);
     execv("/proc/self/exe", argv);
   }
-  (void)argc;
-  at::set_num_threads(1);
-  const double budget = argc > 1 ? std::atof(argv[1]) : 2.0;  // seconds per variant, config and mode
+  const double budget = argc > 1 ? std::atof(argv[1]) : 2.0;  // seconds per variant, config, mode and thread count
+  const int most_threads = argc > 2 ? std::atoi(argv[2]) : 2;
   std::printf("libtorch %s, compiler %s\n", TORCH_VERSION, __VERSION__);
-  std::printf("BLAS: %s, 1 thread\n", blas_in_use().c_str());
+  std::printf("BLAS: %s, 1 BLAS thread per intra-op thread\n", blas_in_use().c_str());
+
+  at::set_num_threads(1);
+  const double peak_1t = mm_gflops(1, 1.0);
+  at::set_num_threads(most_threads);
+  const double peak_all = mm_gflops(most_threads, 1.0);
+  std::printf("at::mm 512x512: %.1f GFLOP/s on 1 thread, %.1f on %d\n", peak_1t, peak_all, most_threads);
 
   const config configs[] = {
       {"a:16x(8-32-32-4)/32", 16, 8, 32, 4, 32},
       {"b:8x(64-256-256-16)/256", 8, 64, 256, 16, 256},
       {"c:128x(16-64-64-4)/64", 128, 16, 64, 4, 64},
   };
-  std::printf("%-26s %-5s %10s %10s %10s %10s  (us per call)\n", "config", "mode", "loop", "vmap", "lowered", "handwritten");
-  std::vector<std::string> lines;
-  lstm_ensemble(budget, lines);
-  transformer_ensemble(budget, lines);
-  for (const auto& c : configs) {
-    std::vector<mlp> members;
-    for (int i = 0; i < c.members; ++i)
-      members.emplace_back(Linear(c.in, c.hidden), ReLU(), Linear(c.hidden, c.hidden), ReLU(), Linear(c.hidden, c.out));
-    params_t params = td::from_modules(members);
-    mlp& shape = members[0];
-    at::Tensor x = at::randn({c.batch, c.in});
-    at::Tensor target = at::randn({c.members, c.batch, c.out});
-
-    auto loop = [&](const params_t& p) {
-      std::vector<at::Tensor> outs;
-      for (int i = 0; i < c.members; ++i) outs.push_back(td::functional_call(shape, p[i], x));
-      return at::stack(outs);
-    };
-    auto generic = [&](const params_t& p) {
-      return td::vmap([&](const params_t& one, const at::Tensor& in) { return td::functional_call(shape, one, in); },
-                      {0, std::nullopt})(p, x);
-    };
-    auto lowered = [&](const params_t& p) { return tdn::functional_vmap(shape, p, tdn::args(x)); };
-    auto hand = [&](const params_t& p) { return handwritten(p, x); };
-
-    // The four agree before anything is timed.
-    auto reference = hand(params);
-    TORCH_CHECK(loop(params).allclose(reference, 1e-4, 1e-5) && generic(params).allclose(reference, 1e-4, 1e-5) &&
-                    lowered(params).allclose(reference, 1e-4, 1e-5),
-                "bench/ensemble: the variants disagree");
-
-    for (const char* mode : {"fwd", "train"}) {
-      const bool train = std::strcmp(mode, "train") == 0;
-      auto step = [&](auto&& forward) {
-        return [&, forward] {
-          if (!train) {
-            at::NoGradGuard no_grad;
-            forward(params);
-            return;
-          }
-          at::Tensor loss = (forward(params) - target).pow(2).mean();
-          loss.backward();
-          at::NoGradGuard no_grad;
-          params.apply_([](at::Tensor& t) {
-            t.sub_(t.grad(), 1e-3);
-            t.mutable_grad().zero_();
-          });
-        };
-      };
-      lines.push_back(time_variants(c.name, mode, {step(loop), step(generic), step(lowered), step(hand)}, budget));
-    }
+  std::vector<int> thread_counts{1};
+  if (most_threads > 1) thread_counts.push_back(most_threads);
+  std::vector<row> rows;
+  for (int threads : thread_counts) {
+    at::set_num_threads(threads);
+    lstm_ensemble(threads, budget, rows);
+    transformer_ensemble(threads, budget, rows);
+    for (const auto& c : configs) mlp_ensemble(c, threads, budget, rows);
   }
-  for (const auto& l : lines) std::printf("%s\n", l.c_str());
+
+  std::printf("%-30s %-5s %3s %10s %10s %10s %10s %10s  (us per call)\n", "config", "mode", "thr", "loop", "slices", "vmap",
+              "lowered", "handwritten");
+  std::map<std::pair<std::string, std::string>, double> lowered_1t;
+  for (const auto& r : rows) {
+    std::printf("%-30s %-5s %3d", r.config.c_str(), r.mode.c_str(), r.threads);
+    for (double t : r.seconds) std::printf(" %10.1f", t * 1e6);
+    std::printf("\n");
+    if (r.threads == 1) lowered_1t[{r.config, r.mode}] = r.seconds[lowered];
+  }
+  std::map<std::pair<std::string, std::string>, double> lowered_most;
+  for (const auto& r : rows)
+    if (r.threads == most_threads) lowered_most[{r.config, r.mode}] = r.seconds[lowered];
+  for (const auto& r : rows) {
+    const auto& t = r.seconds;
+    const auto key = std::make_pair(r.config, r.mode);
+    std::printf(
+        "ensemble %s %s threads=%d lowered/handwritten=%s loop/lowered=%s vmap/lowered=%s slices/lowered=%s "
+        "speedup_%dt=%s gflops=%.1f peak_1t=%.1f peak_%dt=%.1f\n",
+        r.config.c_str(), r.mode.c_str(), r.threads, ratio(t[lowered] / t[hand]).c_str(), ratio(t[loop] / t[lowered]).c_str(),
+        ratio(t[vmapped] / t[lowered]).c_str(), ratio(t[slices] / t[lowered]).c_str(), most_threads,
+        ratio(lowered_1t[key] / lowered_most[key]).c_str(), r.flops / t[lowered] / 1e9, peak_1t, most_threads, peak_all);
+  }
   return 0;
 }

@@ -1,9 +1,14 @@
 // Costs of the functional calls, measured in one run: to_module enter+exit on
-// a 3-layer and a 50-layer MLP, from_module, flatten_keys, and functional_call
-// against calling the module directly. Absolute times on a shared machine are
-// noise; the ratio is what to read.
+// a 3-layer MLP, a 50-layer one nested in blocks and a flat 50-layer one
+// (Linear(32, 32) and ReLU, typed and as a torch::nn::Sequential),
+// from_module and flatten_keys on them, from_modules of 16 MLPs, and
+// functional_call against calling the module directly. Absolute times on a
+// shared machine are noise; the ratio is what to read.
 #include <chrono>
 #include <cstdio>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <ATen/ops/randn.h>
 #include <torch/version.h>
@@ -32,6 +37,21 @@ using block = td::nn::Sequential<Linear, Linear, Linear, Linear, Linear>;
 using mlp50 = td::nn::Sequential<block, block, block, block, block, block, block, block, block, block>;
 
 block make_block() { return block(Linear(8, 8), Linear(8, 8), Linear(8, 8), Linear(8, 8), Linear(8, 8)); }
+
+// 50 x (Linear(32, 32), ReLU) as one flat Sequential of 100 children.
+template <std::size_t I>
+using layer_at = std::conditional_t<I % 2 == 0, Linear, ReLU>;
+template <std::size_t... I>
+auto make_flat(std::index_sequence<I...>) {
+  auto make = [](auto index) {
+    if constexpr (decltype(index)::value % 2 == 0)
+      return Linear(32, 32);
+    else
+      return ReLU();
+  };
+  return td::nn::Sequential<layer_at<I>...>(make(std::integral_constant<std::size_t, I>{})...);
+}
+using flat50 = decltype(make_flat(std::make_index_sequence<100>{}));
 }  // namespace
 
 int main() {
@@ -58,10 +78,33 @@ int main() {
       },
       50000);
 
+  flat50 flat = make_flat(std::make_index_sequence<100>{});
+  const auto flat_params = td::from_module(flat).detach().clone();
+  torch::nn::Sequential dynamic;
+  for (int i = 0; i < 50; ++i) {
+    dynamic->push_back(Linear(32, 32));
+    dynamic->push_back(ReLU());
+  }
+  const auto dynamic_params = td::from_module(dynamic).detach().clone();
+  const double swap_flat = ns_per_call([&] { auto swap = td::to_module(flat_params, flat); }, 20000);
+  const double from_flat = ns_per_call([&] { keep(td::from_module(flat)); }, 20000);
+  const double keys_flat = ns_per_call([&] { keep(flat_params.flatten_keys<".">()); }, 20000);
+  const double swap_dynamic = ns_per_call([&] { auto swap = td::to_module(dynamic_params, dynamic); }, 5000);
+  const double from_dynamic = ns_per_call([&] { keep(td::from_module(dynamic)); }, 5000);
+  const double keys_dynamic = ns_per_call([&] { keep(dynamic_params.flatten_keys(".")); }, 5000);
+  std::vector<mlp3> members;
+  for (int i = 0; i < 16; ++i) members.emplace_back(Linear(8, 32), ReLU(), Linear(32, 32), ReLU(), Linear(32, 4));
+  const double stack16 = ns_per_call([&] { keep(td::from_modules(members)); }, 5000);
+
   std::printf("to_module enter+exit, 3-layer MLP (6 leaves):   %8.0f ns\n", swap3);
   std::printf("to_module enter+exit, 50-layer MLP (100 leaves): %8.0f ns\n", swap50);
   std::printf("from_module, 3-layer MLP:                        %8.0f ns\n", from3);
   std::printf("flatten_keys, 3-layer MLP:                       %8.0f ns\n", flat3);
+  std::printf("flat 50 x (Linear(32, 32), ReLU), typed:         to_module %8.0f ns, from_module %8.0f ns, flatten_keys %8.0f ns\n",
+              swap_flat, from_flat, keys_flat);
+  std::printf("same, torch::nn::Sequential:                     to_module %8.0f ns, from_module %8.0f ns, flatten_keys %8.0f ns\n",
+              swap_dynamic, from_dynamic, keys_dynamic);
+  std::printf("from_modules of 16 3-layer MLPs:                 %8.0f ns\n", stack16);
   std::printf("forward, 3-layer MLP, batch 4:                   %8.0f ns\n", direct);
   std::printf("functional_call, same:                           %8.0f ns\n", functional);
   std::printf("to_module + forward, same:                       %8.0f ns\n", swapped);

@@ -403,7 +403,7 @@ struct intra_op_threads {
 // Whether the graph behind t, a few nodes deep, has a node of this name.
 bool graph_has(const at::Tensor& t, const std::string& name) {
   std::function<bool(const std::shared_ptr<torch::autograd::Node>&, int)> search = [&](const auto& node, int depth) {
-    if (!node || depth > 4) return false;
+    if (!node || depth > 6) return false;
     if (node->name().find(name) != std::string::npos) return true;
     for (const auto& edge : node->next_edges())
       if (search(edge.function, depth + 1)) return true;
@@ -436,7 +436,7 @@ void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call
     INFO("sets_per_task " << (per_task ? std::to_string(*per_task) : "default"));
     auto [parallel, parallel_grads] = value_and_grads(stacked, x, [&](const auto& p, const auto& in) {
       at::Tensor out = call(p, in, tdn::functional_vmap_options{.sets_per_task = per_task});
-      CHECK(graph_has(out, "set_tasks_function"));
+      if (per_task) CHECK(graph_has(out, "set_tasks_function"));  // by default these small calls run one task
       return out;
     });
     CHECK(parallel.allclose(serial, 0, 1e-6));
@@ -472,6 +472,15 @@ TEST_CASE("sets in parallel tasks equal one task: values and gradients, typed an
     return tdn::functional_vmap(dynamic[0], p, tdn::args(x), {}, {}, options);
   });
 
+  // Outputs that are tuples (an LSTM's output and state), each joined over the tasks.
+  std::vector<torch::nn::LSTM> lstms;
+  for (int i = 0; i < 5; ++i) lstms.emplace_back(torch::nn::LSTMOptions(3, 4).num_layers(2));
+  check_tasks_equal_one_task(AnyTensorDict(from_modules(lstms)), at::randn({6, 2, 3}),
+                             [&](const auto& p, const at::Tensor& x, auto options) {
+                               auto [y, state] = tdn::functional_vmap(lstms[0], p, tdn::args(x), {}, {}, options);
+                               return at::cat({y.flatten(1), std::get<0>(state).flatten(1), std::get<1>(state).flatten(1)}, 1);
+                             });
+
   auto layer = torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
   std::vector<torch::nn::TransformerEncoder> encoders;
   for (int i = 0; i < 4; ++i) encoders.emplace_back(torch::nn::TransformerEncoderOptions(layer, 2));
@@ -479,6 +488,20 @@ TEST_CASE("sets in parallel tasks equal one task: values and gradients, typed an
                              [&](const auto& p, const at::Tensor& x, auto options) {
                                return tdn::functional_vmap(encoders[0], p, tdn::args(x), {}, {}, options);
                              });
+}
+
+TEST_CASE("sets in parallel tasks: how many sets a task runs by default", "[functional_vmap]") {
+  using tensordict::detail::sets_per_task;
+  const std::int64_t cache = tensordict::detail::core_cache_bytes();
+  // Too little work to split (16 small MLPs): one task.
+  CHECK(sets_per_task(16, 30'000, 90e3, 2) == 16);
+  // Enough work: at most two tasks per thread, evenly shared.
+  CHECK(sets_per_task(128, 70'000, 0.7e6, 2) == 32);
+  CHECK(sets_per_task(8, cache * 4, 44e6, 2) == 2);
+  // As many as fit in the cache, and at least one task per thread.
+  CHECK(sets_per_task(8, cache / 4, 44e6, 2) == 4);
+  CHECK(sets_per_task(64, cache / 8, 50e6, 4) == 8);
+  CHECK(sets_per_task(3, cache * 4, 44e6, 2) == 1);
 }
 
 TEST_CASE("sets in parallel tasks: the errors", "[functional_vmap]") {

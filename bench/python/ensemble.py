@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""The configs of bench/ensemble in Python: functorch.vmap over functional_call.
+"""The configs of bench/ensemble in Python: functorch.vmap over functional_call,
+and, where the tensordict package is importable (it is not a Debian package),
+tensordict's way: torch.vmap over TensorDict.to_module of the stacked params.
 
-Run with Debian's python3-torch (1.13): python3 bench/python/ensemble.py
+Run with Debian's python3-torch: python3 bench/python/ensemble.py [threads...]
 Prints microseconds per call for a forward and a training step (forward,
-backward, SGD on the stacked parameters), one thread; then 8 LSTMs and 8
-two-layer transformer encoders, as bench/ensemble. Runs itself again with the
-C++ bench's settings (one BLAS thread, glibc keeps freed memory).
+backward, SGD on the stacked parameters) at 1 and 2 intra-op threads (or the
+ones given); then 8 LSTMs and 8 two-layer transformer encoders, as
+bench/ensemble. Runs itself again with the C++ bench's settings (one BLAS
+thread, glibc keeps freed memory).
 """
 import copy
 import os
@@ -25,7 +28,10 @@ try:
 except ImportError:
     from torch.nn.utils.stateless import functional_call  # noqa: E402  (torch 1.13)
 
-torch.set_num_threads(1)
+try:
+    from tensordict import TensorDict  # noqa: E402
+except ImportError:
+    TensorDict = None
 
 CONFIGS = [
     ("a:16x(8-32-32-4)/32", 16, 8, 32, 4, 32),
@@ -44,8 +50,45 @@ def per_call(fn, budget=0.5):
     return (time.perf_counter() - start) / calls
 
 
+def tensordict_ensemble(nets, pick=lambda out: out):
+    """tensordict's seed tutorial: the stacked params swapped into a module on the meta device, under torch.vmap."""
+    params = TensorDict.from_modules(*nets).detach().clone().requires_grad_()
+    base = copy.deepcopy(nets[0]).to("meta")
+
+    def call(p, inp):
+        with p.to_module(base):
+            return pick(base(inp))
+
+    return params, list(params.values(True, True)), torch.vmap(call, (0, None))
+
+
+def time_modes(label, name, fn, trained, target):
+    def forward():
+        with torch.no_grad():
+            fn()
+
+    def train():
+        (fn() - target).pow(2).mean().backward()
+        with torch.no_grad():
+            for t in trained:
+                t.sub_(t.grad, alpha=1e-3)
+                t.grad.zero_()
+    threads = torch.get_num_threads()
+    try:
+        print(f"python {label} {name} fwd threads={threads} {per_call(forward) * 1e6:.1f} us")
+        print(f"python {label} {name} train threads={threads} {per_call(train) * 1e6:.1f} us")
+    except RuntimeError as e:
+        print(f"python {label} {name} threads={threads}: n/a ({str(e).splitlines()[0]})")
+
+
 def main():
-    print(f"torch {torch.__version__}, 1 thread")
+    print(f"torch {torch.__version__}, tensordict {'not importable' if TensorDict is None else 'importable'}")
+    for threads in [int(t) for t in sys.argv[1:]] or [1, 2]:
+        torch.set_num_threads(threads)
+        run_configs()
+
+
+def run_configs():
     for name, members, n_in, hidden, n_out, batch in CONFIGS:
         nets = [torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
                                     torch.nn.ReLU(), torch.nn.Linear(hidden, n_out)) for _ in range(members)]
@@ -59,21 +102,12 @@ def main():
             return functional_call(base, p, (inp,))
 
         ensemble = vmap(call, in_dims=(0, None))
-
-        def forward():
-            with torch.no_grad():
-                ensemble(params, x)
-
-        def train():
-            loss = (ensemble(params, x) - target).pow(2).mean()
-            loss.backward()
-            with torch.no_grad():
-                for p in params.values():
-                    p.sub_(p.grad, alpha=1e-3)
-                    p.grad.zero_()
-
-        print(f"python {name} fwd {per_call(forward) * 1e6:.1f} us")
-        print(f"python {name} train {per_call(train) * 1e6:.1f} us")
+        time_modes("vmap", name, lambda: ensemble(params, x), list(params.values()), target)
+        time_modes("loop", name, lambda: torch.stack([n(x) for n in nets]),
+                   [t for n in nets for t in n.parameters()], target)
+        if TensorDict is not None:
+            td_params, td_trained, td_ensemble = tensordict_ensemble(nets)
+            time_modes("tensordict", name, lambda: td_ensemble(td_params, x), td_trained, target)
 
     # The LSTM and transformer configs: vmap over functional_call, and the
     # members' own forwards for reference.
@@ -88,24 +122,12 @@ def main():
                   for k, _ in nets[0].named_parameters()}
         base = copy.deepcopy(nets[0])
         ensemble = vmap(lambda p, inp: pick(functional_call(base, p, (inp,))), in_dims=(0, None))
-        loop = lambda: torch.stack([pick(n(x)) for n in nets])  # noqa: E731
-        for label, fn, trained in [("vmap", lambda: ensemble(params, x), list(params.values())),
-                                   ("loop", loop, [t for n in nets for t in n.parameters()])]:
-            def forward():
-                with torch.no_grad():
-                    fn()
-
-            def train():
-                (fn() - target).pow(2).mean().backward()
-                with torch.no_grad():
-                    for t in trained:
-                        t.sub_(t.grad, alpha=1e-3)
-                        t.grad.zero_()
-            try:
-                print(f"python {label} {name} fwd {per_call(forward) * 1e6:.1f} us")
-                print(f"python {label} {name} train {per_call(train) * 1e6:.1f} us")
-            except RuntimeError as e:
-                print(f"python {label} {name}: n/a ({str(e).splitlines()[0]})")
+        time_modes("vmap", name, lambda: ensemble(params, x), list(params.values()), target)
+        time_modes("loop", name, lambda: torch.stack([pick(n(x)) for n in nets]),
+                   [t for n in nets for t in n.parameters()], target)
+        if TensorDict is not None:
+            td_params, td_trained, td_ensemble = tensordict_ensemble(nets, pick)
+            time_modes("tensordict", name, lambda: td_ensemble(td_params, x), td_trained, target)
 
 
 if __name__ == "__main__":

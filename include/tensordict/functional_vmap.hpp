@@ -166,6 +166,40 @@ Out unflatten_sets(const Out& out, c10::IntArrayRef batch) {
 }  // namespace detail
 
 namespace detail {
+// How many tensors a module's output holds (a tensor, or nested tuples of them).
+template <class T>
+inline constexpr std::size_t tensor_count = 0;
+template <>
+inline constexpr std::size_t tensor_count<at::Tensor> = 1;
+template <class... Ts>
+inline constexpr std::size_t tensor_count<std::tuple<Ts...>> = (tensor_count<std::remove_cvref_t<Ts>> + ... + 0);
+
+// The output's tensors in order, depth first.
+template <class T>
+void flatten_output(const T& out, at::Tensor*& to) {
+  if constexpr (std::is_same_v<T, at::Tensor>)
+    *to++ = out;
+  else
+    std::apply([&](const auto&... parts) { (flatten_output(parts, to), ...); }, out);
+}
+
+// Whether an output is a tensor or nested tuples of tensors only.
+template <class T>
+inline constexpr bool is_tensor_tree = std::is_same_v<T, at::Tensor>;
+template <class... Ts>
+inline constexpr bool is_tensor_tree<std::tuple<Ts...>> = (is_tensor_tree<Ts> && ...);
+
+// The output of type T from its tensors in flatten_output's order.
+template <class T>
+T unflatten_output(const at::Tensor*& from) {
+  if constexpr (std::is_same_v<T, at::Tensor>)
+    return *from++;
+  else
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return T{unflatten_output<std::tuple_element_t<I, T>>(from)...};  // braced: in order
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+}
+
 // Whether a call's inputs are one tensor.
 template <class Inputs>
 constexpr bool one_tensor() {
@@ -203,12 +237,16 @@ auto one_tensor_lowering(Lower lower) {
 // too few sets. Params and the tensor inputs become the tasks' tensors; each
 // task rebuilds them and calls lowered on its sets. Randomness "error" only:
 // tasks drawing in parallel would not follow the seed.
-template <class Params, class Inputs, std::size_t N, class Lowered>
-std::optional<at::Tensor> run_in_tasks(const Params& p, const Inputs& inputs, const std::array<bool, N>& is_mapped,
+template <class Out, class Params, class Inputs, std::size_t N, class Lowered>
+std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std::array<bool, N>& is_mapped,
                                        std::int64_t sets, const functional_vmap_options& options, Lowered& lowered) {
   const std::int64_t threads = at::get_num_threads();
   if (options.sets_per_task && *options.sets_per_task <= 0)
     throw value_error("functional_vmap: sets_per_task must be positive, got " + std::to_string(*options.sets_per_task));
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+  // at::parallel_for would run every task on this thread (see parallel_sets.hpp): split only where asked.
+  if (!options.sets_per_task) return std::nullopt;
+#endif
   if (!options.sets_per_task && (threads < 2 || at::in_parallel_region())) return std::nullopt;
 
   std::vector<at::Tensor> tensors;
@@ -238,21 +276,24 @@ std::optional<at::Tensor> run_in_tasks(const Params& p, const Inputs& inputs, co
   if (options.sets_per_task) {
     per_task = std::min(sets, *options.sets_per_task);
   } else {
-    // Working set of one set: its parameters, and its rows at the widest layer in, out and saved.
-    std::int64_t bytes = 0, widest = 1, rows = 0;
+    // Working set of one set: its parameters, and its rows at the widest layer
+    // in, out and saved; its work: every parameter meets every row once.
+    std::int64_t bytes = 0, widest = 1, rows = 0, numel = 0;
     for (std::size_t k = 0; k < tensors.size(); ++k) {
       const at::Tensor& t = tensors[k];
       if (!t.defined()) continue;
       const std::int64_t per_set = mapped[k] ? t.numel() / std::max<std::int64_t>(1, t.size(0)) : t.numel();
       if (k < n_params) {
         bytes += per_set * static_cast<std::int64_t>(t.element_size());
+        numel += per_set;
         for (std::int64_t d = 1; d < t.dim(); ++d) widest = std::max(widest, t.size(d));
       } else if (t.dim() > 0) {
         rows = std::max(rows, per_set / std::max<std::int64_t>(1, t.size(-1)));
       }
     }
     bytes += 3 * rows * widest * static_cast<std::int64_t>(sizeof(float));
-    per_task = ::tensordict::detail::sets_per_task(sets, bytes, threads);
+    const double flops = 2.0 * static_cast<double>(std::max<std::int64_t>(1, rows)) * static_cast<double>(numel);
+    per_task = ::tensordict::detail::sets_per_task(sets, bytes, flops, threads);
   }
   if (per_task >= sets) return std::nullopt;
 
@@ -272,14 +313,15 @@ std::optional<at::Tensor> run_in_tasks(const Params& p, const Inputs& inputs, co
         },
         inputs);
     auto out = lowered(task_params, task_inputs, is_mapped, batch_context{length, options.randomness});
-    if constexpr (std::is_same_v<decltype(out), at::Tensor>) {
-      return out;
-    } else {
-      if (!out) throw error("functional_vmap: internal: a task's sets did not lower, the whole call did");
-      return at::Tensor(std::move(*out));
-    }
+    if (!out) throw error("functional_vmap: internal: a task's sets did not lower, the whole call did");
+    std::vector<at::Tensor> flat(tensor_count<Out>);
+    at::Tensor* to = flat.data();
+    flatten_output(Out(std::move(*out)), to);
+    return flat;
   };
-  return ::tensordict::detail::run_set_tasks(sets, per_task, tensors, mapped, task);
+  const std::vector<at::Tensor> joined = ::tensordict::detail::run_set_tasks(sets, per_task, tensors, mapped, task);
+  const at::Tensor* from = joined.data();
+  return unflatten_output<Out>(from);
 }
 
 // What functional_vmap does once the inputs are known: params (in the
@@ -358,9 +400,9 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
     } else {
       std::array<bool, n_inputs> is_mapped{};
       for (std::size_t k = 0; k < n_inputs; ++k) is_mapped[k] = dims[k].has_value();
-      if constexpr (std::is_same_v<Out, at::Tensor>)
+      if constexpr (is_tensor_tree<Out>)
         if (lowers && options.randomness == tensordict::randomness::error)
-          if (auto out = run_in_tasks(p, chunk_inputs, is_mapped, length, options, lowered)) return std::move(*out);
+          if (auto out = run_in_tasks<Out>(p, chunk_inputs, is_mapped, length, options, lowered)) return std::move(*out);
       auto out = lowered(p, chunk_inputs, is_mapped, batch_context{length, options.randomness});
       if constexpr (std::is_same_v<decltype(out), std::optional<Out>>)
         if (out) return std::move(*out);

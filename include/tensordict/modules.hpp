@@ -43,23 +43,6 @@ struct tensordict_lacks_in_key {
 }  // namespace compile_error
 
 namespace detail {
-// How many tensors a module's output holds (a tensor, or nested tuples of them).
-template <class T>
-inline constexpr std::size_t tensor_count = 0;
-template <>
-inline constexpr std::size_t tensor_count<at::Tensor> = 1;
-template <class... Ts>
-inline constexpr std::size_t tensor_count<std::tuple<Ts...>> = (tensor_count<std::remove_cvref_t<Ts>> + ... + 0);
-
-// The output's tensors in order, depth first.
-template <class T>
-void flatten_output(const T& out, at::Tensor*& to) {
-  if constexpr (std::is_same_v<T, at::Tensor>)
-    *to++ = out;
-  else
-    std::apply([&](const auto&... parts) { (flatten_output(parts, to), ...); }, out);
-}
-
 // S with a leaf for each out key it does not have yet.
 template <class S, key... Out>
 struct with_out_keys;
