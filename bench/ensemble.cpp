@@ -6,6 +6,8 @@
 // at 1 and 2 intra-op threads (one BLAS thread each). Prints a table and, per
 // config, mode and threads, one line of ratios measured in this run, with the
 // lowered path's GFLOP/s beside at::mm 512x512's on one core and on all.
+//   build/bench/bench_ensemble [seconds per variant] [most threads, default 2]
+// SETS_PER_TASK=n in the environment sets the MLPs' functional_vmap sets_per_task.
 #include <unistd.h>
 
 #include <algorithm>

@@ -188,19 +188,20 @@ struct dynamic_target {
 inline std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, const AnyTensorDict& params,
                                                    std::size_t batch_dims, const char* op) {
   std::vector<dynamic_target> out;
+  // The last leaf's module and kind: a module's leaves come one after another.
+  torch::nn::Module* last_module = nullptr;
+  std::shared_ptr<const nn::module_kind> last_kind;
   params.for_each_leaf([&](const any_key_path& path, const at::Tensor& value) {
     torch::nn::Module* m = &root;
     for (std::size_t k = 0; k + 1 < path.size(); ++k) {
-      std::shared_ptr<torch::nn::Module> child;
-      for (const auto& c : m->named_children())
-        if (c.key() == path[k]) child = c.value();
+      torch::nn::Module* child = find_child(*m, path[k]);
       if (!child) {
         const std::string names = quoted_names(m->named_children().keys());
         throw key_error(std::string(op) + ": " + to_string(path) + ": " + where(any_key_path(path.begin(), path.begin() + k)) +
                         " (" + module_type_name(*m) + ") has no child \"" + path[k] + "\"; its children are " +
                         (names.empty() ? "none" : names));
       }
-      m = child.get();
+      m = child;
     }
     const std::string& name = path.back();
     at::Tensor* registry = module_parameters(*m).find(name);
@@ -224,7 +225,11 @@ inline std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, cons
       throw shape_error(std::string(op) + ": " + to_string(path) + " is " + describe(value) + ", but the module's tensor is " +
                         expected);
     }
-    auto kind = nn::detail::module_registry::instance().find(*m);
+    if (m != last_module) {
+      last_kind = nn::detail::module_registry::instance().find(*m);
+      last_module = m;
+    }
+    const auto& kind = last_kind;
     if (!kind)
       throw module_error(std::string(op) + ": " + to_string(path) + " belongs to " + where(owner) + ", a " +
                          module_type_name(*m) +

@@ -52,6 +52,12 @@ inline tensor_registry& module_buffers(torch::nn::Module& m) { return m.*member_
 // The defined tensors registered in a module and its descendants (as
 // named_parameters(true) and named_buffers(true) count them), without
 // building their names.
+// A registered child by name (one hash lookup; named_children() copies them all), or nullptr.
+inline torch::nn::Module* find_child(torch::nn::Module& m, const std::string& name) {
+  const auto* child = (m.*member_pointer(module_children_tag{})).find(name);
+  return child ? child->get() : nullptr;
+}
+
 inline std::size_t registered_tensor_count(torch::nn::Module& m) {
   std::size_t count = 0;
   for (const auto& item : module_parameters(m))
