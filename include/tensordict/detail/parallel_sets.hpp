@@ -229,7 +229,7 @@ inline std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::int64_t per
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 14
     // g++ 14 at -O2 reports std::vector<bool>::reserve inside libtorch's
     // Function::apply as writing out of bounds (seen building the unit tests
-    // on Debian 13; the same code is clean on g++ 12 and clang 19).
+    // on Debian 13; g++ 12 builds the same code without it).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #endif
