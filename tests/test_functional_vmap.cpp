@@ -426,7 +426,7 @@ std::pair<at::Tensor, std::vector<at::Tensor>> value_and_grads(const Params& sta
 
 // The parallel tasks give what one task gives: every sets_per_task, and the default with 2 threads.
 template <class Params, class Call>
-void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call call) {
+void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call call, bool runs_tasks = true) {
   const std::int64_t sets = stacked.batch_size()[0];
   intra_op_threads two(2);
   auto [serial, serial_grads] = value_and_grads(stacked, x, [&](const auto& p, const auto& in) {
@@ -436,14 +436,23 @@ void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call
     INFO("sets_per_task " << (per_task ? std::to_string(*per_task) : "default"));
     auto [parallel, parallel_grads] = value_and_grads(stacked, x, [&](const auto& p, const auto& in) {
       at::Tensor out = call(p, in, tdn::functional_vmap_options{.sets_per_task = per_task});
-      if (per_task) CHECK(graph_has(out, "set_tasks_function"));  // by default these small calls run one task
+      if (per_task) CHECK(graph_has(out, "set_tasks_function") == runs_tasks);  // by default these small calls run one task
       return out;
     });
-    CHECK(parallel.allclose(serial, 0, 1e-6));
+    // Bit-identical on libtorch 1.13; 2.6 picks its GEMM and convolution kernels by the
+    // batch size, so a task of fewer sets may round differently in the last bits.
+    auto same = [](const at::Tensor& a, const at::Tensor& b) {
+      INFO("largest difference " << (a - b).abs().max().item<double>());
+      CHECK(a.allclose(b, 1e-5, 1e-6));
+    };
+    same(parallel, serial);
     REQUIRE(parallel_grads.size() == serial_grads.size());
-    for (std::size_t i = 0; i < serial_grads.size(); ++i) CHECK(parallel_grads[i].allclose(serial_grads[i], 0, 1e-6));
+    for (std::size_t i = 0; i < serial_grads.size(); ++i) {
+      INFO("gradient " << i << " (0: the input's, then params' leaves in order) of " << serial_grads.size());
+      same(parallel_grads[i], serial_grads[i]);
+    }
     at::NoGradGuard no_grad;
-    CHECK(call(stacked, x, tdn::functional_vmap_options{.sets_per_task = per_task}).allclose(serial, 0, 1e-6));
+    same(call(stacked, x, tdn::functional_vmap_options{.sets_per_task = per_task}), serial);
   }
 }
 }  // namespace
@@ -468,8 +477,17 @@ TEST_CASE("sets in parallel tasks equal one task: values and gradients, typed an
     dynamic.emplace_back(torch::nn::Conv1d(torch::nn::Conv1dOptions(2, 4, 3)), torch::nn::Tanh(), torch::nn::Flatten(),
                          Linear(4 * 6, 2));
   const AnyTensorDict dynamic_params = from_modules(dynamic);
-  check_tasks_equal_one_task(dynamic_params, at::randn({3, 2, 8}), [&](const auto& p, const at::Tensor& x, auto options) {
-    return tdn::functional_vmap(dynamic[0], p, tdn::args(x), {}, {}, options);
+  // Convolutions run one task (oneDNN's are not safe to run at once: functional_vmap.hpp).
+  check_tasks_equal_one_task(
+      dynamic_params, at::randn({3, 2, 8}),
+      [&](const auto& p, const at::Tensor& x, auto options) {
+        return tdn::functional_vmap(dynamic[0], p, tdn::args(x), {}, {}, options);
+      },
+      false);
+  std::vector<torch::nn::Sequential> dense;
+  for (int i = 0; i < 5; ++i) dense.emplace_back(Linear(6, 8), torch::nn::Tanh(), torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})), Linear(8, 2));
+  check_tasks_equal_one_task(AnyTensorDict(from_modules(dense)), at::randn({3, 6}), [&](const auto& p, const at::Tensor& x, auto options) {
+    return tdn::functional_vmap(dense[0], p, tdn::args(x), {}, {}, options);
   });
 
   // Outputs that are tuples (an LSTM's output and state), each joined over the tasks; where

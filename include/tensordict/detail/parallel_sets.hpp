@@ -225,19 +225,7 @@ inline std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::int64_t per
   const set_tasks_plan plan{sets, per_task, mapped, &task};
   const bool wants_grad = at::GradMode::is_enabled() &&
                           std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.requires_grad(); });
-  if (wants_grad) {
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 14
-    // g++ 14 at -O2 reports std::vector<bool>::reserve inside libtorch's
-    // Function::apply as writing out of bounds (seen building the unit tests
-    // on Debian 13; g++ 12 builds the same code without it).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#endif
-    return set_tasks_function::apply(&plan, at::TensorList(tensors));
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 14
-#pragma GCC diagnostic pop
-#endif
-  }
+  if (wants_grad) return set_tasks_function::apply(&plan, at::TensorList(tensors));
   std::vector<std::vector<at::Tensor>> outputs(static_cast<std::size_t>(plan.count()));
   plan.for_each_task([&](std::int64_t t) { outputs[t] = task(plan.inputs_of(tensors, t, false), plan.start(t), plan.length(t)); });
   return set_tasks_function::join(outputs, false);
