@@ -100,9 +100,10 @@ struct functional_vmap_options {
   // Where the call is lowered (and randomness is "error"), its sets run in
   // tasks of this many sets across at::get_num_threads() threads, each task
   // the whole call on its sets. Unset: with one thread, one task; with more,
-  // as many sets as fit in a core's L2 cache by an estimate of their
-  // parameters and activations, and at least one task per thread. Results
-  // and gradients equal the one-task path's.
+  // detail::sets_per_task's choice (a cache-fitting estimate, at most two
+  // tasks per thread, about 4 MFLOP per task at least). A call with a
+  // convolution runs one task whatever is set. Results and gradients equal
+  // the one-task path's.
   std::optional<std::int64_t> sets_per_task{};
 };
 
