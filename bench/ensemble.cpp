@@ -7,8 +7,7 @@
 // config, mode and threads, one line of ratios measured in this run, with the
 // lowered path's GFLOP/s beside at::mm 512x512's on one core and on all.
 //   build/bench/bench_ensemble [seconds per variant] [most threads, default 2]
-// SETS_PER_TASK=n in the environment sets the MLPs' functional_vmap sets_per_task.
-#include <unistd.h>
+// SETS_PER_TASK=n in the environment sets functional_vmap's sets_per_task.
 
 #include <algorithm>
 #include <array>
@@ -16,8 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -34,6 +31,8 @@
 #include <torch/version.h>
 #include <tensordict/tensordict.hpp>
 
+#include "blas_settings.hpp"
+
 namespace td = tensordict;
 namespace tdn = tensordict::nn;
 using torch::nn::Linear;
@@ -47,13 +46,11 @@ struct config {
   int members, in, hidden, out, batch;
 };
 
-// Which BLAS library this process loaded (libblas.so.3 is an alternative).
-std::string blas_in_use() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line))
-    if (line.find("blas") != std::string::npos) return line.substr(line.find('/'));
-  return "unknown";
+// The lowered calls' options: SETS_PER_TASK=n sets sets_per_task.
+tdn::functional_vmap_options vmap_options() {
+  tdn::functional_vmap_options options;
+  if (const char* n = std::getenv("SETS_PER_TASK")) options.sets_per_task = std::atoi(n);
+  return options;
 }
 
 at::Tensor handwritten(const params_t& p, const at::Tensor& x) {
@@ -215,7 +212,7 @@ void lstm_ensemble(int threads, double budget, std::vector<row>& rows) {
          for (auto& m : members) outs.push_back(std::get<0>(m->forward(x)));
          return at::stack(outs);
        },
-       {}, {}, [&] { return std::get<0>(tdn::functional_vmap(members[0], params, tdn::args(x))); },
+       {}, {}, [&] { return std::get<0>(tdn::functional_vmap(members[0], params, tdn::args(x), {}, {}, vmap_options())); },
        [&] { return handwritten_lstm(params, x); }},
       budget, rows);
 }
@@ -240,7 +237,7 @@ void transformer_ensemble(int threads, double budget, std::vector<row>& rows) {
                  for (auto& m : members) outs.push_back(m->forward(x));
                  return at::stack(outs);
                },
-               {}, {}, [&] { return tdn::functional_vmap(members[0], params, tdn::args(x)); }, {}},
+               {}, {}, [&] { return tdn::functional_vmap(members[0], params, tdn::args(x), {}, {}, vmap_options()); }, {}},
               budget, rows);
 }
 
@@ -272,9 +269,7 @@ void mlp_ensemble(const config& c, int threads, double budget, std::vector<row>&
                                  {0, std::nullopt})(params, x);
                },
                [&] {
-                 tdn::functional_vmap_options options;
-                 if (const char* n = std::getenv("SETS_PER_TASK")) options.sets_per_task = std::atoi(n);
-                 return tdn::functional_vmap(shape, params, tdn::args(x), {}, {}, options);
+                 return tdn::functional_vmap(shape, params, tdn::args(x), {}, {}, vmap_options());
                },
                [&] { return handwritten(params, x); }},
               budget, rows);
@@ -289,22 +284,11 @@ std::string ratio(double r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenBLAS reads its thread count when it loads, glibc its malloc settings:
-  // run again with them set. glibc gives blocks over 32 MiB (a stacked
-  // [8, 512, 2048] activation) back to the OS on free, and here the page
-  // faults of taking them again cost more than the GEMM that fills them
-  // (measured: a bmm of that size 110 ms, 12 ms with the memory kept), so the
-  // bench keeps freed memory, as a long-running training process would.
-  if (const char* n = std::getenv("OPENBLAS_NUM_THREADS"); !n || std::strcmp(n, "1") != 0) {
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    setenv("OMP_NUM_THREADS", "1", 1);
-    setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296", 1);
-    execv("/proc/self/exe", argv);
-  }
+  bench::run_again_with_bench_settings(argv);  // one BLAS thread, OpenBLAS kernels for this CPU, freed memory kept
   const double budget = argc > 1 ? std::atof(argv[1]) : 2.0;  // seconds per variant, config, mode and thread count
   const int most_threads = argc > 2 ? std::atoi(argv[2]) : 2;
   std::printf("libtorch %s, compiler %s\n", TORCH_VERSION, __VERSION__);
-  std::printf("BLAS: %s, 1 BLAS thread per intra-op thread\n", blas_in_use().c_str());
+  std::printf("BLAS: %s, 1 BLAS thread per intra-op thread\n", bench::blas_in_use().c_str());
 
   at::set_num_threads(1);
   const double peak_1t = mm_gflops(1, 1.0);

@@ -8,7 +8,7 @@ Prints microseconds per call for a forward and a training step (forward,
 backward, SGD on the stacked parameters) at 1 and 2 intra-op threads (or the
 ones given); then 8 LSTMs and 8 two-layer transformer encoders, as
 bench/ensemble. Runs itself again with the C++ bench's settings (one BLAS
-thread, glibc keeps freed memory).
+thread, glibc keeps freed memory, OpenBLAS's kernels for this CPU).
 """
 import copy
 import os
@@ -17,6 +17,26 @@ import time
 
 SETTINGS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
             "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296"}
+
+
+def fallback_core():
+    """OPENBLAS_CORETYPE to set where OpenBLAS took this CPU for a Prescott (as bench/blas_settings.hpp)."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return None
+    try:
+        import ctypes
+        corename = ctypes.CDLL("libblas.so.3").openblas_get_corename
+        corename.restype = ctypes.c_char_p
+        if corename() != b"Prescott":
+            return None
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, AttributeError, StopIteration):
+        return None
+    return "SkylakeX" if "avx512f" in flags else "Haswell" if "avx2" in flags else None
+
+
+if fallback_core():
+    SETTINGS["OPENBLAS_CORETYPE"] = fallback_core()
 if any(os.environ.get(k) != v for k, v in SETTINGS.items()):
     os.environ.update(SETTINGS)
     os.execv(sys.executable, [sys.executable] + sys.argv)
