@@ -207,6 +207,14 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
     return layer;
   });
   check_three_paths(gelu_layers, at::randn({4, 3, 8}), false, false);
+  // A feed-forward block whose hidden part per set outgrows half a core's cache runs a set at a time.
+  auto wide_layers = copies<TransformerEncoderLayer>(3, [] {
+    return TransformerEncoderLayer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(64).dropout(0.0));
+  });
+  const std::int64_t batch = tensordict::detail::core_cache_bytes() / (2 * 64 * sizeof(float)) / 2 + 1;  // 2 x batch rows
+  REQUIRE(2 * batch * 64 * static_cast<std::int64_t>(sizeof(float)) > tensordict::detail::core_cache_bytes() / 2);
+  check_three_paths(wide_layers, at::randn({2, batch, 8}), false, false);
+  check_three_paths(wide_layers, at::randn({3, 2, batch, 8}), true, false);
 
   // A user module has no batched form: it goes through vmap with its tensors swapped.
   STATIC_REQUIRE(!tdn::fully_lowered<EncoderImpl>());

@@ -12,8 +12,6 @@
 // pass it (CMake: OpenMP::OpenMP_CXX).
 #pragma once
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -33,17 +31,9 @@
 #endif
 
 #include "../errors.hpp"
+#include "core_cache.hpp"
 
 namespace tensordict::detail {
-
-// One core's share of cache: a task's sets should fit in it.
-inline std::int64_t core_cache_bytes() {
-  static const std::int64_t bytes = [] {
-    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return l2 > 0 ? static_cast<std::int64_t>(l2) : std::int64_t{1} << 20;
-  }();
-  return bytes;
-}
 
 // Sets per task: as many as fit in a core's cache by the estimate, but at
 // most two tasks per thread (each task costs its ops' fixed overheads again;

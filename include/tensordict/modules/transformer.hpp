@@ -15,6 +15,7 @@
 //   (a LayerNorm, or a norm without tensors).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
 #include <c10/util/Type.h>
@@ -34,6 +36,7 @@
 
 #include "../any_tensordict.hpp"
 #include "../detail/compat.hpp"
+#include "../detail/core_cache.hpp"
 #include "../errors.hpp"
 #include "adapter.hpp"
 #include "attention.hpp"
@@ -68,12 +71,56 @@ at::Tensor feed_forward(Layer& m, const P& p, const at::Tensor& x) {
   return functional<LinearImpl>::forward(*m.linear2, p.template get<"linear2">(), m.dropout->forward(feed_forward_activation(m, h)));
 }
 
+template <class Layer, class Linear>
+stacked batched_feed_forward_group(Layer& m, const Linear& linear1, const Linear& linear2, const stacked& x,
+                                   const batch_context& ctx) {
+  using torch::nn::LinearImpl;
+  stacked h = batched<LinearImpl>::forward(*m.linear1, linear1, x, ctx);
+  h = batched<torch::nn::DropoutImpl>::forward(*m.dropout, TensorDict<schema<>>(), {feed_forward_activation(m, h.value), true}, ctx);
+  return batched<LinearImpl>::forward(*m.linear2, linear2, h, ctx);
+}
+
+// The block's hidden activation is [sets, rows, dim_feedforward] (8 sets of
+// 512 rows at the default 2048: 32 MB), and linear1, the activation and
+// linear2 each pass over it. In groups of sets whose part fits in a core's
+// cache it stays there (measured at one thread, 8 sets of 2 layers, 32x16
+// tokens: forward 87 ms in one group, 75 ms a set at a time; the members' own
+// modules 72 ms). A training dropout draws in one group: its masks follow the seed as before.
 template <class Layer, class P>
 stacked batched_feed_forward(Layer& m, const P& p, const stacked& x, const batch_context& ctx) {
-  using torch::nn::LinearImpl;
-  stacked h = batched<LinearImpl>::forward(*m.linear1, p.template get<"linear1">(), x, ctx);
-  h = batched<torch::nn::DropoutImpl>::forward(*m.dropout, TensorDict<schema<>>(), {feed_forward_activation(m, h.value), true}, ctx);
-  return batched<LinearImpl>::forward(*m.linear2, p.template get<"linear2">(), h, ctx);
+  const auto linear1 = p.template get<"linear1">();
+  const auto linear2 = p.template get<"linear2">();
+  const at::Tensor& w1 = linear1.template get<"weight">();  // [sets, dim_feedforward, d_model]
+  const std::int64_t rows = x.value.numel() / (x.mapped ? ctx.sets : 1) / std::max<std::int64_t>(1, x.value.size(-1));
+  const std::int64_t hidden_bytes = std::max<std::int64_t>(1, rows * w1.size(1) * static_cast<std::int64_t>(w1.element_size()));
+  const std::int64_t group = std::max<std::int64_t>(1, ::tensordict::detail::core_cache_bytes() / hidden_bytes);
+  const bool draws = m.dropout->is_training() && m.dropout->options.p() > 0;
+  if (group >= ctx.sets || draws) return batched_feed_forward_group(m, linear1, linear2, x, ctx);
+
+  // Split once (one autograd node per tensor, whose backward joins the groups' gradients).
+  auto split_leaves = [&](const auto& linear) {
+    std::vector<std::vector<at::Tensor>> parts;
+    (void)linear.apply([&](const at::Tensor& t) {
+      parts.push_back(t.split(group));
+      return t;
+    });
+    return parts;
+  };
+  const auto parts1 = split_leaves(linear1), parts2 = split_leaves(linear2);
+  const std::vector<at::Tensor> inputs = x.mapped ? x.value.split(group) : std::vector<at::Tensor>{};
+  std::vector<at::Tensor> outs;
+  for (std::size_t g = 0; g < parts1.front().size(); ++g) {
+    const std::array<std::int64_t, 1> length{parts1.front()[g].size(0)};
+    auto group_of = [&](const auto& linear, const auto& parts) {
+      std::size_t k = 0;
+      return linear.apply([&](const at::Tensor&) { return parts[k++][g]; }, length);
+    };
+    const stacked in{x.mapped ? inputs[g] : x.value, x.mapped};
+    outs.push_back(batched_feed_forward_group(m, group_of(linear1, parts1), group_of(linear2, parts2), in,
+                                              batch_context{length[0], ctx.randomness})
+                       .value);
+  }
+  return {at::cat(outs), true};
 }
 
 // norm(x + dropout(y)) of stacked values: the add & norm after each block.
