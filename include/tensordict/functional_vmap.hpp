@@ -250,14 +250,9 @@ std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std
 #endif
   if (!options.sets_per_task && (threads < 2 || at::in_parallel_region())) return std::nullopt;
 
-  std::vector<at::Tensor> tensors;
-  std::vector<bool> mapped;
-  (void)p.apply([&](const at::Tensor& t) {
-    tensors.push_back(t);
-    mapped.push_back(true);
-    return t;
-  });
+  std::vector<at::Tensor> tensors = p.values();  // in the order p.apply visits them
   const std::size_t n_params = tensors.size();
+  std::vector<bool> mapped(n_params, true);
   // A convolution's kernel (sets, out, in, k...) keeps the call in one task: with
   // two tasks at once, libtorch 2.6's oneDNN convolution gave wrong gradients
   // (measured: 0.46 off in a Conv1d's; 1.13 agreed), as oneDNN's scratchpad is

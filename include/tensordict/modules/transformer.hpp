@@ -100,10 +100,7 @@ stacked batched_feed_forward(Layer& m, const P& p, const stacked& x, const batch
   // Split once (one autograd node per tensor, whose backward joins the groups' gradients).
   auto split_leaves = [&](const auto& linear) {
     std::vector<std::vector<at::Tensor>> parts;
-    (void)linear.apply([&](const at::Tensor& t) {
-      parts.push_back(t.split(group));
-      return t;
-    });
+    for (const at::Tensor& t : linear.values()) parts.push_back(t.split(group));  // in the order apply visits them
     return parts;
   };
   const auto parts1 = split_leaves(linear1), parts2 = split_leaves(linear2);
