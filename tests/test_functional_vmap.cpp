@@ -316,6 +316,51 @@ TEST_CASE("EmbeddingBag: lowered with offsets and per-sample weights (shared or 
   CHECK(y[1].allclose(means[1]->forward(indices, offsets_per_set[1]), 1e-5, 1e-6));
 }
 
+TEST_CASE("without autograd a ReLU overwrites the batched Linear's output, never the caller's tensors", "[functional_vmap]") {
+  using torch::nn::Linear;
+  using torch::nn::ReLU;
+  using mlp = tdn::Sequential<Linear, ReLU, Linear, ReLU>;
+  auto mlps = copies<mlp>(3, [] { return mlp(Linear(4, 6), ReLU(), Linear(6, 5), ReLU()); });
+  const auto params = from_modules(mlps);
+  const at::Tensor shared = at::randn({7, 4}), per_set = at::randn({3, 7, 4});
+  const at::Tensor shared_before = shared.clone(), per_set_before = per_set.clone();
+  const std::vector<at::Tensor> params_before = params.apply([](const at::Tensor& t) { return t.detach().clone(); }).values();
+  at::NoGradGuard no_grad;
+  const at::Tensor out = tdn::functional_vmap(mlps[0], params, tdn::args(shared));
+  const at::Tensor mapped = tdn::functional_vmap(mlps[0], params, {}, tdn::kwargs(tdn::kw<"input">(per_set)),
+                                                 tdn::in_dims(tdn::in_dim_of<"input">(0)));
+  for (std::size_t i = 0; i < mlps.size(); ++i) {
+    CHECK(out[i].allclose(mlps[i]->forward(shared), 1e-5, 1e-6));
+    CHECK(mapped[i].allclose(mlps[i]->forward(per_set[i]), 1e-5, 1e-6));
+  }
+  CHECK(out.min().item<float>() >= 0);
+  CHECK(shared.equal(shared_before));
+  CHECK(per_set.equal(per_set_before));
+  const std::vector<at::Tensor> params_after = params.values();
+  for (std::size_t k = 0; k < params_after.size(); ++k) CHECK(params_after[k].equal(params_before[k]));
+
+  // A ReLU first meets the caller's input: it must not overwrite it.
+  using relu_first = tdn::Sequential<ReLU, Linear>;
+  auto firsts = copies<relu_first>(2, [] { return relu_first(ReLU(), Linear(4, 3)); });
+  const at::Tensor first_out = tdn::functional_vmap(firsts[0], from_modules(firsts), tdn::args(shared));
+  CHECK(shared.equal(shared_before));
+  for (std::size_t i = 0; i < firsts.size(); ++i) CHECK(first_out[i].allclose(firsts[i]->forward(shared), 1e-5, 1e-6));
+
+  // A transformer layer's feed-forward block, in one group and a set at a time.
+  using torch::nn::TransformerEncoderLayer;
+  using torch::nn::TransformerEncoderLayerOptions;
+  const std::int64_t batch = tensordict::detail::core_cache_bytes() / (2 * 64 * sizeof(float)) / 2 + 1;
+  for (const std::int64_t n : {std::int64_t{3}, batch}) {
+    auto layers = copies<TransformerEncoderLayer>(2, [] {
+      return TransformerEncoderLayer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(64).dropout(0.0));
+    });
+    const at::Tensor src = at::randn({2, n, 8}), src_before = src.clone();
+    const at::Tensor y = tdn::functional_vmap(layers[0], from_modules(layers), tdn::args(src));
+    CHECK(src.equal(src_before));
+    for (std::size_t i = 0; i < layers.size(); ++i) CHECK(y[i].allclose(layers[i]->forward(src), 1e-4, 1e-5));
+  }
+}
+
 TEST_CASE("several batch dims are flattened and restored", "[functional_vmap]") {
   auto nets = copies<torch::nn::Linear>(6, [] { return torch::nn::Linear(3, 2); });
   auto flat = from_modules(nets);

@@ -344,6 +344,10 @@ void reset_module(Impl& m) {
 struct stacked {
   at::Tensor value;
   bool mapped = false;
+  // value is a tensor this call made and nothing else refers to (a batched
+  // Linear's output): the next batched form may overwrite it where autograd
+  // does not record (an in-place ReLU saves a pass over a tensor that may not fit the cache).
+  bool own = false;
 };
 
 struct batch_context {

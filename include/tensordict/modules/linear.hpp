@@ -48,7 +48,7 @@ struct batched<torch::nn::LinearImpl> {
     if (!x.mapped && own_dims == 2 && b.defined()) {
       // A shared input meets every set's weights in one GEMM: [rows, in] x [in, sets*out].
       at::Tensor y = at::addmm(b.reshape({-1}), x.value, w.reshape({ctx.sets * out, in}).t());
-      return {y.view({x.value.size(0), ctx.sets, out}).transpose(0, 1), true};
+      return {y.view({x.value.size(0), ctx.sets, out}).transpose(0, 1), true, true};
     }
     at::Tensor rows;
     if (x.mapped)
@@ -62,11 +62,11 @@ struct batched<torch::nn::LinearImpl> {
       y = at::baddbmm(b.unsqueeze(1), rows, w.transpose(1, 2));  // small: the bias fused in
     else
       y = at::bmm(rows, w.transpose(1, 2)).add_(b.unsqueeze(1));  // large: measured faster than baddbmm's bias copy
-    if (own_dims == 2) return {y, true};
+    if (own_dims == 2) return {y, true, true};
     std::vector<std::int64_t> shape{ctx.sets};
     shape.insert(shape.end(), x.value.sizes().begin() + (x.mapped ? 1 : 0), x.value.sizes().end() - 1);
     shape.push_back(out);
-    return {y.view(shape), true};
+    return {y.view(shape), true, true};
   }
 };
 

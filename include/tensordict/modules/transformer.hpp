@@ -29,6 +29,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Type.h>
 #include <torch/nn/modules/transformer.h>
 #include <torch/nn/modules/transformercoder.h>
@@ -51,12 +52,19 @@ using transformer_family = type_list<torch::nn::TransformerEncoderLayerImpl, tor
 using transformer_stacks_family =
     type_list<torch::nn::TransformerEncoderImpl, torch::nn::TransformerDecoderImpl, torch::nn::TransformerImpl>;
 
-// A layer's activation on any tensor (a stacked one too).
+// A layer's activation on any tensor (a stacked one too); may_overwrite: h
+// is the caller's own temporary, which a ReLU may overwrite where autograd does not record.
 template <class Layer>
-at::Tensor feed_forward_activation(const Layer& m, const at::Tensor& h) {
+at::Tensor feed_forward_activation(const Layer& m, const at::Tensor& h, bool may_overwrite = false) {
   const auto& activation = m.options.activation();
   if (::tensordict::detail::compat::get_if<torch::enumtype::kGELU>(&activation)) return at::gelu(h);
-  if (::tensordict::detail::compat::get_if<torch::enumtype::kReLU>(&activation)) return at::relu(h);
+  if (::tensordict::detail::compat::get_if<torch::enumtype::kReLU>(&activation)) {
+    if (may_overwrite && !(at::GradMode::is_enabled() && h.requires_grad())) {
+      at::Tensor own = h;
+      return own.relu_();
+    }
+    return at::relu(h);
+  }
   if (const auto* callable = ::tensordict::detail::compat::get_if<std::function<at::Tensor(const at::Tensor&)>>(&activation))
     return (*callable)(h);
   throw module_error("tensordict::functional_call: " + c10::demangle(typeid(Layer).name()) +
@@ -76,7 +84,8 @@ stacked batched_feed_forward_group(Layer& m, const Linear& linear1, const Linear
                                    const batch_context& ctx) {
   using torch::nn::LinearImpl;
   stacked h = batched<LinearImpl>::forward(*m.linear1, linear1, x, ctx);
-  h = batched<torch::nn::DropoutImpl>::forward(*m.dropout, TensorDict<schema<>>(), {feed_forward_activation(m, h.value), true}, ctx);
+  h = batched<torch::nn::DropoutImpl>::forward(*m.dropout, TensorDict<schema<>>(), {feed_forward_activation(m, h.value, h.own), true},
+                                                ctx);
   return batched<LinearImpl>::forward(*m.linear2, linear2, h, ctx);
 }
 
