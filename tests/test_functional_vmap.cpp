@@ -42,6 +42,12 @@ std::vector<at::Tensor> grads(const TensorDict<S>& td) {
   return out;
 }
 
+// A batch of a [2, batch, 8] input whose hidden part per set in a feed-forward
+// block of 64 outgrows half a core's cache (so that the block runs a set at a time).
+std::int64_t wide_feed_forward_batch() {
+  return tensordict::detail::core_cache_bytes() / static_cast<std::int64_t>(2 * 64 * sizeof(float)) / 2 + 1;
+}
+
 // The lowered path, vmap of the functional call, and the loop agree in values
 // and gradients (without vmap where libtorch cannot vmap the module's forward:
 // 1.13's multi_head_attention_forward calls at::equal, which has no batching rule).
@@ -211,7 +217,7 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
   auto wide_layers = copies<TransformerEncoderLayer>(3, [] {
     return TransformerEncoderLayer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(64).dropout(0.0));
   });
-  const std::int64_t batch = tensordict::detail::core_cache_bytes() / (2 * 64 * sizeof(float)) / 2 + 1;  // 2 x batch rows
+  const std::int64_t batch = wide_feed_forward_batch();  // 2 x batch rows
   REQUIRE(2 * batch * 64 * static_cast<std::int64_t>(sizeof(float)) > tensordict::detail::core_cache_bytes() / 2);
   check_three_paths(wide_layers, at::randn({2, batch, 8}), false, false);
   check_three_paths(wide_layers, at::randn({3, 2, batch, 8}), true, false);
@@ -349,7 +355,7 @@ TEST_CASE("without autograd a ReLU overwrites the batched Linear's output, never
   // A transformer layer's feed-forward block, in one group and a set at a time.
   using torch::nn::TransformerEncoderLayer;
   using torch::nn::TransformerEncoderLayerOptions;
-  const std::int64_t batch = tensordict::detail::core_cache_bytes() / (2 * 64 * sizeof(float)) / 2 + 1;
+  const std::int64_t batch = wide_feed_forward_batch();
   for (const std::int64_t n : {std::int64_t{3}, batch}) {
     auto layers = copies<TransformerEncoderLayer>(2, [] {
       return TransformerEncoderLayer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(64).dropout(0.0));

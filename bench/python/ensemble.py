@@ -35,8 +35,9 @@ def fallback_core():
     return "SkylakeX" if "avx512f" in flags else "Haswell" if "avx2" in flags else None
 
 
-if fallback_core():
-    SETTINGS["OPENBLAS_CORETYPE"] = fallback_core()
+CORE = fallback_core()
+if CORE:
+    SETTINGS["OPENBLAS_CORETYPE"] = CORE
 if any(os.environ.get(k) != v for k, v in SETTINGS.items()):
     os.environ.update(SETTINGS)
     os.execv(sys.executable, [sys.executable] + sys.argv)

@@ -37,6 +37,7 @@
 #include <boost/hana/length.hpp>
 #include <boost/hana/second.hpp>
 
+#include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -349,6 +350,11 @@ struct stacked {
   // does not record (an in-place ReLU saves a pass over a tensor that may not fit the cache).
   bool own = false;
 };
+
+// Whether a batched form may overwrite x.value: x owns it and autograd does not record.
+inline bool may_overwrite(const stacked& x) {
+  return x.own && !(at::GradMode::is_enabled() && x.value.requires_grad());
+}
 
 struct batch_context {
   std::int64_t sets = 0;

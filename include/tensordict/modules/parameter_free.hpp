@@ -8,7 +8,6 @@
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/relu.h>
-#include <c10/core/GradMode.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
@@ -82,7 +81,7 @@ struct batched<Impl> {
   static constexpr bool is_batched = true;
   static stacked forward(Impl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context&) {
     if constexpr (std::is_same_v<Impl, torch::nn::ReLUImpl>)
-      if (x.own && !(at::GradMode::is_enabled() && x.value.requires_grad())) {
+      if (may_overwrite(x)) {
         at::Tensor v = x.value;
         return {v.relu_(), x.mapped, true};
       }

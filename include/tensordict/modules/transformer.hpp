@@ -29,7 +29,6 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
-#include <c10/core/GradMode.h>
 #include <c10/util/Type.h>
 #include <torch/nn/modules/transformer.h>
 #include <torch/nn/modules/transformercoder.h>
@@ -52,14 +51,14 @@ using transformer_family = type_list<torch::nn::TransformerEncoderLayerImpl, tor
 using transformer_stacks_family =
     type_list<torch::nn::TransformerEncoderImpl, torch::nn::TransformerDecoderImpl, torch::nn::TransformerImpl>;
 
-// A layer's activation on any tensor (a stacked one too); may_overwrite: h
-// is the caller's own temporary, which a ReLU may overwrite where autograd does not record.
+// A layer's activation on any tensor (a stacked one too); overwrite: a ReLU
+// may overwrite h (nn::may_overwrite of the stacked value it came from).
 template <class Layer>
-at::Tensor feed_forward_activation(const Layer& m, const at::Tensor& h, bool may_overwrite = false) {
+at::Tensor feed_forward_activation(const Layer& m, const at::Tensor& h, bool overwrite = false) {
   const auto& activation = m.options.activation();
   if (::tensordict::detail::compat::get_if<torch::enumtype::kGELU>(&activation)) return at::gelu(h);
   if (::tensordict::detail::compat::get_if<torch::enumtype::kReLU>(&activation)) {
-    if (may_overwrite && !(at::GradMode::is_enabled() && h.requires_grad())) {
+    if (overwrite) {
       at::Tensor own = h;
       return own.relu_();
     }
@@ -84,7 +83,7 @@ stacked batched_feed_forward_group(Layer& m, const Linear& linear1, const Linear
                                    const batch_context& ctx) {
   using torch::nn::LinearImpl;
   stacked h = batched<LinearImpl>::forward(*m.linear1, linear1, x, ctx);
-  h = batched<torch::nn::DropoutImpl>::forward(*m.dropout, TensorDict<schema<>>(), {feed_forward_activation(m, h.value, h.own), true},
+  h = batched<torch::nn::DropoutImpl>::forward(*m.dropout, TensorDict<schema<>>(), {feed_forward_activation(m, h.value, may_overwrite(h)), true},
                                                 ctx);
   return batched<LinearImpl>::forward(*m.linear2, linear2, h, ctx);
 }
