@@ -1,12 +1,16 @@
 #include "catch_torch.hpp"
 #include "test_helpers.hpp"
 
+#include <cmath>
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/randn_like.h>
 #include <ATen/ops/zeros.h>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -433,6 +437,72 @@ TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, 
     members[0]->eval();
     auto [eval_y, eval_state] = nn::functional_vmap(members[0], params, nn::args(x));
     CHECK(at::allclose(eval_y[1], std::get<0>(functional_call(members[0], params[1], x)), 1e-5, 1e-6));
+  }
+}
+
+TEST_CASE("the fused LSTM step: equals libtorch's ops in values, NaN, gradients and second derivatives", "[dynamic_modules]") {
+  SECTION("the step alone, hidden 12 (a vector of 8 and a tail of 4), c_prev a strided view") {
+    if (!tensordict::detail::fused_lstm::cpu_supported()) {
+      WARN("this CPU has no AVX2 + FMA: libtorch's ops run instead of the fused step");
+      return;
+    }
+    auto gx = (at::randn({3, 5, 48}) * 4).requires_grad_(), gh = at::randn({3, 5, 48}).requires_grad_();
+    auto c_prev = at::randn({3, 2, 5, 12}).select(1, 1).detach().requires_grad_();
+    {
+      at::NoGradGuard no_grad;
+      gx.select(1, 0).select(1, 0).fill_(90.0f);  // beyond the clamp of exp: sigmoid 1
+      gx.select(1, 0).select(1, 1).fill_(-90.0f);
+    }
+    auto [h_ref, c_ref] = nn::detail::lstm_pointwise(gx + gh, c_prev);
+    auto hc = nn::detail::fused_lstm_step::apply(gx, gh, c_prev);
+    CHECK(at::allclose(hc[0], h_ref, 1e-5, 1e-6));
+    CHECK(at::allclose(hc[1], c_ref, 1e-5, 1e-6));
+
+    // First order through the fused backward, second order through the create_graph branch.
+    auto w_h = at::randn({3, 5, 12}), w_c = at::randn({3, 5, 12});
+    auto first = [&](const at::Tensor& h, const at::Tensor& c) {
+      return torch::autograd::grad({(h * w_h).sum() + (c * w_c).pow(2).sum()}, {gx, gh, c_prev}, {}, true, true);
+    };
+    auto fused_first = first(hc[0], hc[1]), ref_first = first(h_ref, c_ref);
+    for (std::size_t k = 0; k < 3; ++k) CHECK(at::allclose(fused_first[k], ref_first[k], 1e-4, 1e-6));
+    auto second = [&](const std::vector<at::Tensor>& g) {
+      return torch::autograd::grad({g[0].pow(2).sum() + g[2].pow(2).sum()}, {gx, c_prev});
+    };
+    auto fused_second = second(fused_first), ref_second = second(ref_first);
+    CHECK(at::allclose(fused_second[0], ref_second[0], 1e-4, 1e-5));
+    CHECK(at::allclose(fused_second[1], ref_second[1], 1e-4, 1e-5));
+
+    at::NoGradGuard no_grad;
+    auto nan_gates = gx.detach().clone();
+    nan_gates[1][2][3] = std::nanf("");
+    auto [h_nan, c_nan] = tensordict::detail::fused_lstm::forward(nan_gates, gh.detach(), c_prev.detach(), nullptr);
+    CHECK(std::isnan(h_nan[1][2][3].item<float>()));
+    CHECK(std::isnan(c_nan[1][2][3].item<float>()));
+    CHECK(at::isfinite(h_nan[0]).all().item<bool>());
+  }
+  SECTION("LSTMs of hidden 12 in the batched form: the members' own forwards and gradients") {
+    std::vector<torch::nn::LSTM> members;
+    for (int i = 0; i < 3; ++i) members.emplace_back(torch::nn::LSTMOptions(5, 12).num_layers(2));
+    auto params = from_modules(members).apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+    auto x = at::randn({7, 4, 5});
+    auto [expected, expected_c] = members_forward(members, x);
+    auto target = at::randn_like(expected);
+    (expected * target).sum().backward();
+    auto [y, state] = nn::batched<torch::nn::LSTMImpl>::forward(*members[0], params, std::make_tuple(x),
+                                                                 std::array<bool, 1>{false}, {.sets = 3});
+    CHECK(at::allclose(y, expected, 1e-5, 1e-6));
+    CHECK(at::allclose(std::get<1>(state), expected_c, 1e-5, 1e-6));
+    (y * target).sum().backward();
+    for (const char* name : {"weight_ih_l0", "weight_hh_l0", "bias_hh_l1", "weight_hh_l1"}) {
+      std::vector<at::Tensor> own;
+      for (auto& m : members) own.push_back(m->named_parameters()[name].grad());
+      INFO(name);
+      CHECK(at::allclose(params.get(name).grad(), at::stack(own), 1e-4, 1e-5));
+    }
+    at::NoGradGuard no_grad;
+    auto [inference, inference_state] = nn::batched<torch::nn::LSTMImpl>::forward(
+        *members[0], params, std::make_tuple(x), std::array<bool, 1>{false}, {.sets = 3});
+    CHECK(at::allclose(inference, expected, 1e-5, 1e-6));
   }
 }
 

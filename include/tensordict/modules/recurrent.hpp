@@ -42,10 +42,15 @@
 #include <ATen/ops/rnn_tanh_cell.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/rnn.h>
 
 #include "../any_tensordict.hpp"
 #include "../detail/compat.hpp"
+#include "../detail/fused_lstm_cell.hpp"
 #include "adapter.hpp"
 
 namespace tensordict::nn {
@@ -259,15 +264,70 @@ struct step_weights {
         w_hr_t(w.w_hr.defined() ? w.w_hr.transpose(1, 2).contiguous() : at::Tensor()) {}
 };
 
+// An LSTM step's element-wise part with libtorch's ops: (h, c) from the gate
+// pre-activations [sets, B, 4H] and the previous c.
+inline std::tuple<at::Tensor, at::Tensor> lstm_pointwise(const at::Tensor& gates, const at::Tensor& c_prev) {
+  const auto sig = gates.sigmoid().chunk(4, 2);  // input, forget, (cell), output: one pass over all four
+  const std::int64_t hidden = c_prev.size(2);
+  at::Tensor c = at::addcmul(sig[1] * c_prev, sig[0], tanh_by_sigmoid(gates.narrow(2, 2 * hidden, hidden)));
+  at::Tensor h = sig[3] * tanh_by_sigmoid(c);
+  return {h, c};
+}
+
+// The fused kernel (detail/fused_lstm_cell.hpp) as an autograd function of
+// (gx, gh, c_prev) -> (h, c), the gates being gx + gh. Its backward is the
+// fused kernel too; where a graph of the backward is asked for (create_graph),
+// it differentiates lstm_pointwise on the saved inputs instead, so second
+// derivatives stay exact.
+struct fused_lstm_step : torch::autograd::Function<fused_lstm_step> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gx,
+                                                const at::Tensor& gh, const at::Tensor& c_prev) {
+    at::Tensor saved;
+    auto [h, c] = ::tensordict::detail::fused_lstm::forward(gx, gh, c_prev, &saved);
+    ctx->save_for_backward({gx, gh, c_prev});
+    ctx->saved_data["activations"] = saved;
+    return {h, c};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto inputs = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {
+      std::vector<at::Tensor> wrt;
+      for (const auto& t : inputs)
+        if (t.requires_grad()) wrt.push_back(t);
+      auto [h, c] = lstm_pointwise(inputs[0] + inputs[1], inputs[2]);
+      const auto zero_if_none = [](const at::Tensor& g, const at::Tensor& like) { return g.defined() ? g : at::zeros_like(like); };
+      const auto d = torch::autograd::grad({h, c}, wrt, {zero_if_none(grads[0], h), zero_if_none(grads[1], c)},
+                                           /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
+      torch::autograd::variable_list out(3);
+      for (std::size_t k = 0, next = 0; k < 3; ++k)
+        if (inputs[k].requires_grad()) out[k] = d[next++];
+      return out;
+    }
+    auto [d_gates, d_c_prev] = ::tensordict::detail::fused_lstm::backward(
+        grads[0], grads[1], ctx->saved_data["activations"].toTensor(), inputs[2]);
+    return {d_gates, d_gates, d_c_prev};
+  }
+};
+
 // One step of the recurrence from the step's input projection gx [sets, B, gates]: (h, c) -> (h, c).
 inline void recurrent_step(recurrent_cell cell, const step_weights& w, const at::Tensor& gx, at::Tensor& h, at::Tensor& c) {
   switch (cell) {
     case recurrent_cell::lstm: {
-      const at::Tensor gates = at::baddbmm(gx, h, w.w_hh_t);
-      const auto sig = gates.sigmoid().chunk(4, 2);  // input, forget, (cell), output: one pass over all four
-      const std::int64_t hidden = c.size(2);
-      c = at::addcmul(sig[1] * c, sig[0], tanh_by_sigmoid(gates.narrow(2, 2 * hidden, hidden)));
-      h = sig[3] * tanh_by_sigmoid(c);
+      if (::tensordict::detail::fused_lstm::applies(gx, h, c)) {
+        const at::Tensor gh = at::bmm(h, w.w_hh_t);
+        const bool records = at::GradMode::is_enabled() &&
+                             (gx.requires_grad() || gh.requires_grad() || c.requires_grad());
+        if (records) {
+          const auto hc = fused_lstm_step::apply(gx, gh, c);
+          h = hc[0];
+          c = hc[1];
+        } else {
+          std::tie(h, c) = ::tensordict::detail::fused_lstm::forward(gx, gh, c, nullptr);
+        }
+      } else {
+        std::tie(h, c) = lstm_pointwise(at::baddbmm(gx, h, w.w_hh_t), c);
+      }
       if (w.w_hr_t.defined()) h = at::bmm(h, w.w_hr_t);
       break;
     }
