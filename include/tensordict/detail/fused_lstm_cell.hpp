@@ -99,23 +99,26 @@ __attribute__((target("avx2,fma"))) inline __m256 tanh8(__m256 x) {
   return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, exp8(_mm256_add_ps(x, x)))));
 }
 
-__attribute__((target("avx2,fma"))) inline void forward_avx2(const rows_view& gx, const rows_view& gh, const rows_view& c_prev,
-                                                            float* h, float* c, float* saved, std::int64_t rows,
-                                                            std::int64_t hidden) {
+__attribute__((target("avx2,fma"))) inline __m256 gate8(const float* x, const float* y, const float* b, std::int64_t at) {
+  const __m256 sum = _mm256_add_ps(_mm256_loadu_ps(x + at), _mm256_loadu_ps(y + at));
+  return b ? _mm256_add_ps(sum, _mm256_loadu_ps(b + at)) : sum;
+}
+
+__attribute__((target("avx2,fma"))) inline void forward_avx2(const rows_view& gx, const rows_view& gh, const rows_view& bias,
+                                                            const rows_view& c_prev, float* h, float* c, float* saved,
+                                                            std::int64_t rows, std::int64_t hidden) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* x = gx.row(r);
     const float* y = gh.row(r);
+    const float* b = bias.row(r);
     const float* cp = c_prev.row(r);
     float* hr = h + r * hidden;
     float* cr = c + r * hidden;
     float* s = saved ? saved + r * saved_gates * hidden : nullptr;
     std::int64_t j = 0;
     for (; j + 8 <= hidden; j += 8) {
-      // (no lambda here: it would not inherit the target)
-      const __m256 i = sigmoid8(_mm256_add_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
-      const __m256 f = sigmoid8(_mm256_add_ps(_mm256_loadu_ps(x + hidden + j), _mm256_loadu_ps(y + hidden + j)));
-      const __m256 g = tanh8(_mm256_add_ps(_mm256_loadu_ps(x + 2 * hidden + j), _mm256_loadu_ps(y + 2 * hidden + j)));
-      const __m256 o = sigmoid8(_mm256_add_ps(_mm256_loadu_ps(x + 3 * hidden + j), _mm256_loadu_ps(y + 3 * hidden + j)));
+      const __m256 i = sigmoid8(gate8(x, y, b, j)), f = sigmoid8(gate8(x, y, b, hidden + j)),
+                   g = tanh8(gate8(x, y, b, 2 * hidden + j)), o = sigmoid8(gate8(x, y, b, 3 * hidden + j));
       const __m256 cn = _mm256_fmadd_ps(f, _mm256_loadu_ps(cp + j), _mm256_mul_ps(i, g));
       const __m256 tc = tanh8(cn);
       _mm256_storeu_ps(cr + j, cn);
@@ -129,7 +132,7 @@ __attribute__((target("avx2,fma"))) inline void forward_avx2(const rows_view& gx
       }
     }
     for (; j < hidden; ++j) {
-      const auto gate = [&](std::int64_t k) { return x[k * hidden + j] + y[k * hidden + j]; };
+      const auto gate = [&](std::int64_t k) { return x[k * hidden + j] + y[k * hidden + j] + (b ? b[k * hidden + j] : 0.0f); };
       const float i = sigmoid_scalar(gate(0)), f = sigmoid_scalar(gate(1)), g = tanh_scalar(gate(2)),
                   o = sigmoid_scalar(gate(3));
       const float cn = f * cp[j] + i * g, tc = tanh_scalar(cn);
@@ -200,10 +203,10 @@ inline bool cpu_supported() {
 #endif
 }
 
-// Whether the kernel takes these: float32 CPU tensors [sets, B, .] on a CPU that runs it.
-inline bool applies(const at::Tensor& gx, const at::Tensor& h, const at::Tensor& c) {
-  const auto is_float_cpu = [](const at::Tensor& t) { return t.dim() == 3 && t.is_cpu() && t.scalar_type() == at::kFloat; };
-  return cpu_supported() && is_float_cpu(gx) && is_float_cpu(h) && is_float_cpu(c);
+// Whether the kernel takes these: float32 CPU tensors on a CPU that runs it.
+inline bool applies(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c) {
+  const auto is_float_cpu = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat; };
+  return cpu_supported() && is_float_cpu(x) && is_float_cpu(h) && is_float_cpu(c);
 }
 
 // The rows of t [sets, B, width], each contiguous.
@@ -211,18 +214,20 @@ inline at::Tensor rows_contiguous(const at::Tensor& t) {
   return !t.defined() || t.stride(2) == 1 ? t : t.contiguous();
 }
 
-// (h, c) [sets, B, H] of the step from gx + gh [sets, B, 4H] and c_prev;
-// with `saved`, also the activations the backward needs ([sets * B, 5H]).
-inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& gx, const at::Tensor& gh, const at::Tensor& c_prev,
-                                                  at::Tensor* saved) {
+// (h, c) [sets, B, H] of the step from the gates gx + gh [sets, B, 4H] (+ bias
+// [sets, 4H] where defined) and c_prev; with `saved`, also the activations
+// the backward needs ([sets * B, 5H]).
+inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& gx, const at::Tensor& gh, const at::Tensor& bias,
+                                                  const at::Tensor& c_prev, at::Tensor* saved) {
   const std::int64_t sets = c_prev.size(0), batch = c_prev.size(1), hidden = c_prev.size(2), rows = sets * batch;
   TORCH_CHECK(gx.sizes() == gh.sizes() && gx.size(2) == 4 * hidden, "tensordict: LSTM step: gates ", gx.sizes(), " and ",
               gh.sizes(), " for a cell state ", c_prev.sizes());
   const at::Tensor x = rows_contiguous(gx), y = rows_contiguous(gh), cp = rows_contiguous(c_prev);
+  const at::Tensor b = bias.defined() ? rows_contiguous(bias.unsqueeze(1).expand({sets, batch, 4 * hidden})) : bias;
   at::Tensor h = at::empty({sets, batch, hidden}, c_prev.options()), c = at::empty({sets, batch, hidden}, c_prev.options());
   if (saved) *saved = at::empty({rows, saved_gates * hidden}, c_prev.options());
 #if TENSORDICT_FUSED_LSTM_X86
-  forward_avx2(rows_view(x), rows_view(y), rows_view(cp), h.data_ptr<float>(), c.data_ptr<float>(),
+  forward_avx2(rows_view(x), rows_view(y), rows_view(b), rows_view(cp), h.data_ptr<float>(), c.data_ptr<float>(),
                saved ? saved->data_ptr<float>() : nullptr, rows, hidden);
 #endif
   return {h, c};

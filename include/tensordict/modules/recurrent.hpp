@@ -245,11 +245,20 @@ struct direction_weights {
 // it at every step.
 inline at::Tensor tanh_by_sigmoid(const at::Tensor& x) { return x.mul(2).sigmoid_().mul(2).sub_(1); }
 
-// The input projections of rows [sets, R, in] with the biases that go there
-// (GRU adds its hidden bias inside its reset gate; the others add both here).
-inline at::Tensor input_projection(recurrent_cell cell, const direction_weights& w, const at::Tensor& rows) {
-  at::Tensor input_bias = w.b_ih;
-  if (cell != recurrent_cell::gru && w.b_hh.defined()) input_bias = input_bias.defined() ? input_bias + w.b_hh : w.b_hh;
+// The biases an RNN or LSTM adds to its gates (GRU adds its hidden bias
+// inside its reset gate instead): [sets, gates], undefined without bias.
+inline at::Tensor gate_bias(recurrent_cell cell, const direction_weights& w) {
+  if (cell == recurrent_cell::gru || !w.b_hh.defined()) return w.b_ih;
+  return w.b_ih.defined() ? w.b_ih + w.b_hh : w.b_hh;
+}
+
+// The input projections of rows [sets, R, in], with the gate biases unless
+// each step adds them (the fused LSTM step: then the projection is a bmm
+// instead of a baddbmm, whose copy of the bias into every row of every step
+// wrote the whole [sets, T*B, gates] once more).
+inline at::Tensor input_projection(recurrent_cell cell, const direction_weights& w, const at::Tensor& rows,
+                                   bool bias_in_steps = false) {
+  const at::Tensor input_bias = cell == recurrent_cell::gru ? w.b_ih : bias_in_steps ? at::Tensor() : gate_bias(cell, w);
   const at::Tensor w_ih_t = w.w_ih.transpose(1, 2).contiguous();
   return input_bias.defined() ? at::baddbmm(input_bias.unsqueeze(1), rows, w_ih_t) : at::bmm(rows, w_ih_t);
 }
@@ -258,10 +267,12 @@ inline at::Tensor input_projection(recurrent_cell cell, const direction_weights&
 // (contiguous: a transposed view made each step's bmm 630 us instead of 430 us).
 struct step_weights {
   at::Tensor w_hh_t, b_hh, w_hr_t;  // b_hh: GRU's hidden bias [sets, 1, gates], else undefined
-  step_weights(recurrent_cell cell, const direction_weights& w)
+  at::Tensor step_bias;             // the gate biases where each step adds them (see input_projection)
+  step_weights(recurrent_cell cell, const direction_weights& w, bool bias_in_steps = false)
       : w_hh_t(w.w_hh.transpose(1, 2).contiguous()),
         b_hh(cell == recurrent_cell::gru && w.b_hh.defined() ? w.b_hh.unsqueeze(1) : at::Tensor()),
-        w_hr_t(w.w_hr.defined() ? w.w_hr.transpose(1, 2).contiguous() : at::Tensor()) {}
+        w_hr_t(w.w_hr.defined() ? w.w_hr.transpose(1, 2).contiguous() : at::Tensor()),
+        step_bias(bias_in_steps ? gate_bias(cell, w) : at::Tensor()) {}
 };
 
 // An LSTM step's element-wise part with libtorch's ops: (h, c) from the gate
@@ -275,16 +286,17 @@ inline std::tuple<at::Tensor, at::Tensor> lstm_pointwise(const at::Tensor& gates
 }
 
 // The fused kernel (detail/fused_lstm_cell.hpp) as an autograd function of
-// (gx, gh, c_prev) -> (h, c), the gates being gx + gh. Its backward is the
+// (gx, gh, bias, c_prev) -> (h, c), the gates being gx + gh + bias (the bias
+// [sets, 4H] may be undefined). Its backward is the
 // fused kernel too; where a graph of the backward is asked for (create_graph),
 // it differentiates lstm_pointwise on the saved inputs instead, so second
 // derivatives stay exact.
 struct fused_lstm_step : torch::autograd::Function<fused_lstm_step> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gx,
-                                                const at::Tensor& gh, const at::Tensor& c_prev) {
+                                                const at::Tensor& gh, const at::Tensor& bias, const at::Tensor& c_prev) {
     at::Tensor saved;
-    auto [h, c] = ::tensordict::detail::fused_lstm::forward(gx, gh, c_prev, &saved);
-    ctx->save_for_backward({gx, gh, c_prev});
+    auto [h, c] = ::tensordict::detail::fused_lstm::forward(gx, gh, bias, c_prev, &saved);
+    ctx->save_for_backward({gx, gh, bias, c_prev});
     ctx->saved_data["activations"] = saved;
     return {h, c};
   }
@@ -294,19 +306,22 @@ struct fused_lstm_step : torch::autograd::Function<fused_lstm_step> {
     if (at::GradMode::is_enabled()) {
       std::vector<at::Tensor> wrt;
       for (const auto& t : inputs)
-        if (t.requires_grad()) wrt.push_back(t);
-      auto [h, c] = lstm_pointwise(inputs[0] + inputs[1], inputs[2]);
+        if (t.defined() && t.requires_grad()) wrt.push_back(t);
+      const at::Tensor& bias = inputs[2];
+      const at::Tensor gates = bias.defined() ? inputs[0] + inputs[1] + bias.unsqueeze(1) : inputs[0] + inputs[1];
+      auto [h, c] = lstm_pointwise(gates, inputs[3]);
       const auto zero_if_none = [](const at::Tensor& g, const at::Tensor& like) { return g.defined() ? g : at::zeros_like(like); };
       const auto d = torch::autograd::grad({h, c}, wrt, {zero_if_none(grads[0], h), zero_if_none(grads[1], c)},
                                            /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
-      torch::autograd::variable_list out(3);
-      for (std::size_t k = 0, next = 0; k < 3; ++k)
-        if (inputs[k].requires_grad()) out[k] = d[next++];
+      torch::autograd::variable_list out(4);
+      for (std::size_t k = 0, next = 0; k < 4; ++k)
+        if (inputs[k].defined() && inputs[k].requires_grad()) out[k] = d[next++];
       return out;
     }
     auto [d_gates, d_c_prev] = ::tensordict::detail::fused_lstm::backward(
-        grads[0], grads[1], ctx->saved_data["activations"].toTensor(), inputs[2]);
-    return {d_gates, d_gates, d_c_prev};
+        grads[0], grads[1], ctx->saved_data["activations"].toTensor(), inputs[3]);
+    const at::Tensor d_bias = inputs[2].defined() ? d_gates.sum(1) : at::Tensor();
+    return {d_gates, d_gates, d_bias, d_c_prev};
   }
 };
 
@@ -316,17 +331,20 @@ inline void recurrent_step(recurrent_cell cell, const step_weights& w, const at:
     case recurrent_cell::lstm: {
       if (::tensordict::detail::fused_lstm::applies(gx, h, c)) {
         const at::Tensor gh = at::bmm(h, w.w_hh_t);
-        const bool records = at::GradMode::is_enabled() &&
-                             (gx.requires_grad() || gh.requires_grad() || c.requires_grad());
+        const at::Tensor& bias = w.step_bias;
+        const bool records = at::GradMode::is_enabled() && (gx.requires_grad() || gh.requires_grad() ||
+                                                            (bias.defined() && bias.requires_grad()) || c.requires_grad());
         if (records) {
-          const auto hc = fused_lstm_step::apply(gx, gh, c);
+          // libtorch 1.13's Function::apply takes defined tensors only: no bias is a zero one.
+          const auto hc = fused_lstm_step::apply(gx, gh, bias.defined() ? bias : at::zeros({gx.size(0), gx.size(2)}, gx.options()), c);
           h = hc[0];
           c = hc[1];
         } else {
-          std::tie(h, c) = ::tensordict::detail::fused_lstm::forward(gx, gh, c, nullptr);
+          std::tie(h, c) = ::tensordict::detail::fused_lstm::forward(gx, gh, bias, c, nullptr);
         }
       } else {
-        std::tie(h, c) = lstm_pointwise(at::baddbmm(gx, h, w.w_hh_t), c);
+        const at::Tensor input_side = w.step_bias.defined() ? gx + w.step_bias.unsqueeze(1) : gx;
+        std::tie(h, c) = lstm_pointwise(at::baddbmm(input_side, h, w.w_hh_t), c);
       }
       if (w.w_hr_t.defined()) h = at::bmm(h, w.w_hr_t);
       break;
@@ -350,11 +368,12 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> run_direction(recurrent_ce
                                                                      const at::Tensor& x, at::Tensor h, at::Tensor c,
                                                                      bool reverse) {
   const std::int64_t sets = x.size(0), steps = x.size(1), batch = x.size(2);
-  const at::Tensor gates_x = input_projection(cell, w, x.reshape({sets, steps * batch, x.size(3)}));
+  const bool bias_in_steps = cell == recurrent_cell::lstm && ::tensordict::detail::fused_lstm::applies(x, h, c);
+  const at::Tensor gates_x = input_projection(cell, w, x.reshape({sets, steps * batch, x.size(3)}), bias_in_steps);
   // One slice per step up front: a select per step would give each step's
   // gradient as a zero-filled tensor of the whole sequence.
   const std::vector<at::Tensor> step_gates = gates_x.view({sets, steps, batch, -1}).unbind(1);
-  const step_weights hidden_side(cell, w);
+  const step_weights hidden_side(cell, w, bias_in_steps);
   std::vector<at::Tensor> outputs(static_cast<std::size_t>(steps));
   for (std::int64_t s = 0; s < steps; ++s) {
     const std::int64_t t = reverse ? steps - 1 - s : s;
