@@ -3,8 +3,9 @@
 // the previous cell state to the new (h, c). libtorch's CPU ops make five
 // passes over the gates per step (sigmoid, tanh, three products), and its
 // sigmoid and tanh cost 0.8 and 3 ns per float here (libtorch 1.13, AVX2
-// build): for the 8 x LSTM(32, 128) bench that was 255 us of a 750 us step.
-// This kernel (AVX2 + FMA, chosen at run time) takes ~100 us for the same.
+// build): for the 8 x LSTM(32, 128) bench that was 255-290 us of a ~750 us
+// step. This kernel (AVX2 + FMA, chosen at run time) takes ~175 us for the
+// same inside the forward (perf: 15% of it), most of it the five exps.
 // Where it does not apply (another CPU or dtype, autograd recording a graph
 // that needs second derivatives through it) the caller keeps libtorch's ops.
 #pragma once
