@@ -286,11 +286,10 @@ inline std::tuple<at::Tensor, at::Tensor> lstm_pointwise(const at::Tensor& gates
 }
 
 // The fused kernel (detail/fused_lstm_cell.hpp) as an autograd function of
-// (gx, gh, bias, c_prev) -> (h, c), the gates being gx + gh + bias (the bias
-// [sets, 4H] may be undefined). Its backward is the
-// fused kernel too; where a graph of the backward is asked for (create_graph),
-// it differentiates lstm_pointwise on the saved inputs instead, so second
-// derivatives stay exact.
+// (gx, gh, bias, c_prev) -> (h, c), the gates being gx + gh + bias [sets, 4H].
+// Its backward is the fused kernel too; where a graph of the backward is asked
+// for (create_graph), it differentiates lstm_pointwise on the saved inputs
+// instead, so second derivatives stay exact.
 struct fused_lstm_step : torch::autograd::Function<fused_lstm_step> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gx,
                                                 const at::Tensor& gh, const at::Tensor& bias, const at::Tensor& c_prev) {
