@@ -476,10 +476,13 @@ TEST_CASE("the fused LSTM step: equals libtorch's ops in values, NaN, gradients 
 
     at::NoGradGuard no_grad;
     auto nan_gates = gx.detach().clone();
-    nan_gates[1][2][3] = std::nanf("");
+    nan_gates[1][2][3] = std::nanf("");       // an input gate in the vector part
+    nan_gates[2][4][24 + 10] = std::nanf("");  // a cell gate in the scalar tail
     auto [h_nan, c_nan] = tensordict::detail::fused_lstm::forward(nan_gates, gh.detach(), {}, c_prev.detach(), nullptr);
     CHECK(std::isnan(h_nan[1][2][3].item<float>()));
     CHECK(std::isnan(c_nan[1][2][3].item<float>()));
+    CHECK(std::isnan(h_nan[2][4][10].item<float>()));
+    CHECK(std::isnan(c_nan[2][4][10].item<float>()));
     CHECK(at::isfinite(h_nan[0]).all().item<bool>());
   }
   SECTION("LSTMs of hidden 12 in the batched form: the members' own forwards and gradients") {

@@ -1,5 +1,8 @@
 #include "catch_torch.hpp"
 
+#include <algorithm>
+#include <typeinfo>
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
@@ -83,8 +86,14 @@ void check_three_paths(std::vector<Module>& modules, const at::Tensor& x, bool m
   auto gl = grads(lowered_params), gv = grads(with_vmap ? vmap_params : loop_params), gp = grads(loop_params);
   REQUIRE(gl.size() == gv.size());
   for (std::size_t i = 0; i < gl.size(); ++i) {
-    CHECK(gl[i].allclose(gv[i], 1e-4, 1e-5));
-    CHECK(gl[i].allclose(gp[i], 1e-4, 1e-5));
+    // Float sums in another order: the absolute error grows with the gradient's size (a transformer layer's bias
+    // gradient reached 3001 here, its elements differing by up to 0.004 between the paths).
+    const double largest = gp[i].abs().max().item().toDouble(), atol = 1e-5 * std::max(1.0, largest);
+    INFO(typeid(Module).name() << " mapped " << mapped_input << " leaf " << i << " " << gl[i].sizes() << " largest "
+         << largest << ", lowered - loop " << (gl[i] - gp[i]).abs().max().item().toDouble() << ", lowered - vmap "
+         << (gl[i] - gv[i]).abs().max().item().toDouble());
+    CHECK(gl[i].allclose(gv[i], 1e-4, atol));
+    CHECK(gl[i].allclose(gp[i], 1e-4, atol));
   }
 }
 }  // namespace

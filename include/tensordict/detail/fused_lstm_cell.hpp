@@ -46,7 +46,8 @@ inline float exp_scalar(float x) {
   __builtin_memcpy(&k, &t, sizeof k);
   std::int32_t shifter_bits;
   __builtin_memcpy(&shifter_bits, &shifter, sizeof shifter_bits);
-  const std::int32_t scale_bits = (k - shifter_bits + 127) << 23;
+  // Unsigned: a NaN's bits make any exponent, and the shift must not overflow an int.
+  const std::uint32_t scale_bits = static_cast<std::uint32_t>(k - shifter_bits + 127) << 23;
   float scale;
   __builtin_memcpy(&scale, &scale_bits, sizeof scale);
   return p * scale;

@@ -319,7 +319,7 @@ struct fused_lstm_step : torch::autograd::Function<fused_lstm_step> {
     }
     auto [d_gates, d_c_prev] = ::tensordict::detail::fused_lstm::backward(
         grads[0], grads[1], ctx->saved_data["activations"].toTensor(), inputs[3]);
-    const at::Tensor d_bias = inputs[2].defined() ? d_gates.sum(1) : at::Tensor();
+    const at::Tensor d_bias = ctx->needs_input_grad(2) ? d_gates.sum(1) : at::Tensor();
     return {d_gates, d_gates, d_bias, d_c_prev};
   }
 };
