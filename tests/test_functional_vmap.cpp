@@ -1,6 +1,9 @@
 #include "catch_torch.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <utility>
 #include <typeinfo>
 
 #include <ATen/TensorOperators.h>
@@ -10,6 +13,11 @@
 #include <ATen/ops/stack.h>
 
 #include <tensordict/functional_vmap.hpp>
+
+#include <c10/core/CPUAllocator.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
@@ -504,7 +512,7 @@ void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call
     INFO("sets_per_task " << (per_task ? std::to_string(*per_task) : "default"));
     auto [parallel, parallel_grads] = value_and_grads(stacked, x, [&](const auto& p, const auto& in) {
       at::Tensor out = call(p, in, tdn::functional_vmap_options{.sets_per_task = per_task});
-      if (per_task) CHECK(graph_has(out, "set_tasks_function") == runs_tasks);  // by default these small calls run one task
+      if (per_task) CHECK(graph_has(out, "set_tasks_backward") == runs_tasks);  // by default these small calls run one task
       return out;
     });
     // Bit-identical on libtorch 1.13; 2.6 picks its GEMM and convolution kernels by the
@@ -599,12 +607,227 @@ TEST_CASE("sets in parallel tasks: the errors", "[functional_vmap]") {
   auto x = at::randn({5, 3});
   CHECK_THROWS_WITH(tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.sets_per_task = 0}),
                     Contains("sets_per_task must be positive, got 0"));
-  // First-order only: a graph of the gradients names the fix.
   auto y = tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.sets_per_task = 2});
-  CHECK_THROWS_WITH(torch::autograd::grad({y.sum()}, {params.get<"weight">()}, {}, true, true),
-                    Contains("create_graph=true") && Contains(".sets_per_task = <the number of sets>"));
   // Other randomness than "error" runs one task (parallel draws would not follow the seed).
   auto z = tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.randomness = randomness::different, .sets_per_task = 2});
-  CHECK(graph_has(y, "set_tasks_function"));
-  CHECK_FALSE(graph_has(z, "set_tasks_function"));
+  CHECK(graph_has(y, "set_tasks_backward"));
+  CHECK_FALSE(graph_has(z, "set_tasks_backward"));
+}
+
+namespace {
+// Stacked MLPs called with their sets in tasks of `per_task` (one task where it is the number of sets).
+struct tasks_case {
+  using mlp = tdn::Sequential<torch::nn::Linear, torch::nn::Tanh, torch::nn::Linear>;
+  using params_type = decltype(from_modules(std::declval<std::vector<mlp>&>()));
+  std::vector<mlp> nets = copies<mlp>(6, [] { return mlp(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)); });
+  params_type params = trainable(from_modules(nets));
+  at::Tensor input = at::randn({5, 3}).requires_grad_();
+
+  // The same modules and values in leaves of its own.
+  tasks_case twin() const {
+    tasks_case c = *this;
+    c.params = trainable(params);
+    c.input = input.detach().clone().requires_grad_();
+    return c;
+  }
+  at::Tensor call(std::int64_t per_task) const {
+    return tdn::functional_vmap(nets[0], params, tdn::args(input), {}, {}, {.sets_per_task = per_task});
+  }
+  std::vector<at::Tensor> gradients() const {
+    std::vector<at::Tensor> out{input.grad()};
+    for (const auto& t : params.values()) out.push_back(t.grad());
+    return out;
+  }
+};
+
+void check_same(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& expected) {
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("gradient " << i << " of " << got.size());
+    REQUIRE(got[i].defined() == expected[i].defined());
+    if (got[i].defined()) CHECK(got[i].allclose(expected[i], 1e-5, 1e-6));
+  }
+}
+
+// Counts the bytes of libtorch's CPU allocations alive while it is installed.
+struct counting_cpu_allocator : c10::Allocator {
+  c10::Allocator* base = c10::GetCPUAllocator();
+  static inline std::atomic<std::int64_t> live{0};
+  struct block {
+    c10::DataPtr inner;
+    std::int64_t bytes;
+  };
+  static void release(void* ctx) {
+    auto* b = static_cast<block*>(ctx);
+    live -= b->bytes;
+    delete b;
+  }
+  // allocate is const in libtorch 1.13 and not in 2.x: both, and no `override`, so that either overrides.
+  c10::DataPtr allocate(std::size_t n) const {
+    auto* b = new block{base->allocate(n), static_cast<std::int64_t>(n)};
+    live += b->bytes;
+    void* data = b->inner.get();
+    return {data, b, &release, b->inner.device()};
+  }
+  c10::DataPtr allocate(std::size_t n) { return std::as_const(*this).allocate(n); }
+  c10::DeleterFnPtr raw_deleter() const { return nullptr; }
+  // libtorch 2.x asks for it (pure virtual there); 1.13 has no such member.
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+  counting_cpu_allocator() { c10::SetCPUAllocator(this, 100); }
+  ~counting_cpu_allocator() { c10::SetCPUAllocator(base, 100); }
+};
+}  // namespace
+
+TEST_CASE("sets in parallel tasks: tensors inside a state input take their gradient", "[functional_vmap]") {
+  intra_op_threads two(2);
+  auto cells = copies<torch::nn::LSTMCell>(6, [] { return torch::nn::LSTMCell(3, 4); });
+  torch::nn::Linear encoder(2, 4);
+  const auto stacked = from_modules(cells);
+  const at::Tensor z = at::randn({5, 2}), x = at::randn({5, 3}), c0 = at::randn({5, 4});
+  auto run = [&](std::int64_t per_task) {
+    encoder->zero_grad();
+    auto p = trainable(stacked);
+    auto c = c0.detach().clone().requires_grad_();
+    at::Tensor h0 = encoder->forward(z);  // not a leaf: its gradient reaches the encoder
+    auto [h1, c1] = tdn::functional_vmap(cells[0], p, tdn::args(x, std::make_tuple(h0, c)), {}, {}, {.sets_per_task = per_task});
+    CHECK(graph_has(h1, "set_tasks_backward") == (per_task < 6));
+    (h1.pow(2).mean() + c1.sum()).backward();
+    std::vector<at::Tensor> out{encoder->weight.grad().clone(), encoder->bias.grad().clone(), c.grad()};
+    for (const auto& g : grads(p)) out.push_back(g);
+    return out;
+  };
+  const auto one_task = run(6);
+  CHECK(one_task[0].abs().sum().item<double>() > 0);
+  for (std::int64_t per_task : {1, 2, 4}) {
+    INFO("sets_per_task " << per_task);
+    check_same(run(per_task), one_task);
+  }
+}
+
+TEST_CASE("sets in parallel tasks inside tensordict::vmap run as one task, with gradients", "[functional_vmap]") {
+  intra_op_threads two(2);
+  auto nets = copies<torch::nn::Linear>(4, [] { return torch::nn::Linear(3, 2); });
+  const auto stacked = from_modules(nets);
+  const at::Tensor xs = at::randn({3, 5, 3});
+  auto run = [&](std::int64_t per_task) {
+    auto p = trainable(stacked);
+    at::Tensor y = vmap([&](const at::Tensor& x) {
+      return tdn::functional_vmap(nets[0], p, tdn::args(x), {}, {}, {.sets_per_task = per_task});
+    })(xs);
+    REQUIRE(y.requires_grad());
+    y.pow(2).sum().backward();
+    return std::make_pair(y.detach(), grads(p));
+  };
+  auto [one_y, one_grads] = run(4);
+  auto [y, g] = run(2);
+  CHECK(y.allclose(one_y, 1e-5, 1e-6));
+  check_same(g, one_grads);
+}
+
+TEST_CASE("sets in parallel tasks: retain_graph, create_graph and a second backward as one task", "[functional_vmap]") {
+  intra_op_threads two(2);
+  for (std::int64_t per_task : {6, 2}) {
+    INFO("sets_per_task " << per_task);
+    const tasks_case one;
+    const tasks_case tasks = one.twin();
+    // retain_graph: two backwards accumulate twice the gradient.
+    at::Tensor y1 = one.call(6), y2 = tasks.call(per_task);
+    CHECK(graph_has(y2, "set_tasks_backward") == (per_task < 6));
+    y1.sum().backward({}, true);
+    y1.sum().backward();
+    y2.sum().backward({}, true);
+    y2.sum().backward();
+    check_same(tasks.gradients(), one.gradients());
+    // Without it, a second backward fails either way.
+    at::Tensor y3 = tasks.call(per_task);
+    y3.sum().backward();
+    CHECK_THROWS_WITH(y3.sum().backward(), Contains("backward through the graph a second time"));
+  }
+  // create_graph: the gradients' own gradients equal one task's.
+  auto second_order = [](const tasks_case& c, std::int64_t per_task) {
+    at::Tensor y = c.call(per_task);
+    const auto g = torch::autograd::grad({y.pow(2).sum()}, {c.params.get<"0", "weight">(), c.input}, {}, true, true);
+    REQUIRE(g[0].requires_grad());
+    (g[0].pow(2).sum() + g[1].pow(2).sum()).backward();
+    return c.gradients();
+  };
+  const tasks_case one;
+  check_same(second_order(one.twin(), 2), second_order(one, 6));
+}
+
+TEST_CASE("sets in parallel tasks keep one copy of the outputs", "[functional_vmap]") {
+  intra_op_threads two(2);
+  auto nets = copies<torch::nn::Linear>(8, [] { return torch::nn::Linear(64, 1024); });
+  auto params = from_modules(nets).apply([](const at::Tensor& t) { return t.detach().requires_grad_(); });
+  const at::Tensor x = at::randn({256, 64});
+  const std::int64_t output_bytes = 8 * 256 * 1024 * 4;  // 8 MiB
+  auto live_after_forward = [&](std::int64_t per_task) {
+    counting_cpu_allocator counting;
+    const std::int64_t before = counting_cpu_allocator::live;
+    at::Tensor y = tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.sets_per_task = per_task});
+    REQUIRE(y.requires_grad());
+    return counting_cpu_allocator::live - before;
+  };
+  const std::int64_t one = live_after_forward(8), tasks = live_after_forward(2);
+  INFO("one task " << one << " bytes, tasks " << tasks << " bytes, the output " << output_bytes);
+  CHECK(one >= output_bytes);
+  CHECK(tasks < one + output_bytes / 4);
+}
+
+#ifdef _OPENMP
+TEST_CASE("sets in parallel tasks inside the caller's OpenMP region leave its thread settings", "[functional_vmap]") {
+  intra_op_threads two(2);
+  auto nets = copies<torch::nn::Linear>(4, [] { return torch::nn::Linear(3, 2); });
+  const auto params = from_modules(nets);
+  const at::Tensor x = at::randn({5, 3});
+  std::vector<int> omp_before(2, -1), omp_after(2, -1), at_before(2, -1), at_after(2, -1);
+  std::vector<at::Tensor> out(2);
+#pragma omp parallel num_threads(2)
+  {
+    const int i = omp_get_thread_num();
+    omp_before[i] = omp_get_max_threads();
+    at_before[i] = at::get_num_threads();
+    out[i] = tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.sets_per_task = 2});
+    omp_after[i] = omp_get_max_threads();
+    at_after[i] = at::get_num_threads();
+  }
+  const at::Tensor expected = tdn::functional_vmap(nets[0], params, tdn::args(x), {}, {}, {.sets_per_task = 4});
+  for (int i = 0; i < 2; ++i) {
+    INFO("thread " << i);
+    CHECK(omp_after[i] == omp_before[i]);
+    CHECK(at_after[i] == at_before[i]);
+    if (out[i].defined()) CHECK(out[i].allclose(expected, 1e-5, 1e-6));
+  }
+}
+#endif
+
+TEST_CASE("lowering_of: whether a module lowers, and which child does not and why", "[functional_vmap]") {
+  using torch::nn::Linear;
+  using torch::nn::ReLU;
+  using mlp = tdn::Sequential<Linear, ReLU, Linear>;
+  mlp typed(Linear(3, 4), ReLU(), Linear(4, 2));
+  CHECK(tdn::lowering_of(typed));
+  CHECK(tdn::lowering_of(typed->child<0>()));
+  auto encoder = Encoder();  // a user's module without a batched form
+  const auto mine = tdn::lowering_of(encoder);
+  CHECK_FALSE(mine);
+  CHECK(mine.path.empty());
+  CHECK_THAT(mine.reason, Contains("EncoderImpl has no batched form"));
+
+  torch::nn::Sequential dynamic(Linear(3, 4), ReLU(), Linear(4, 2));
+  CHECK(tdn::lowering_of(dynamic));
+  torch::nn::Sequential with_user(Linear(3, 3), Encoder());
+  const auto inner = tdn::lowering_of(with_user);
+  CHECK_FALSE(inner);
+  CHECK(inner.path == "1");
+  CHECK_THAT(inner.reason, Contains("EncoderImpl"));
+  // Options a batched form does not take: BatchNorm in training mode.
+  torch::nn::Sequential training(Linear(3, 3), torch::nn::BatchNorm1d(3));
+  training->train();
+  const auto bn = tdn::lowering_of(training);
+  CHECK_FALSE(bn);
+  CHECK(bn.path == "1");
+  CHECK_THAT(bn.reason, Contains("does not support its options"));
+  training->eval();
+  CHECK(tdn::lowering_of(training));
 }

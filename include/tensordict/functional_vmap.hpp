@@ -26,8 +26,10 @@
 #pragma once
 
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -233,11 +235,75 @@ auto one_tensor_lowering(Lower lower) {
   };
 }
 
+// The tensors inside a call's non-tensor inputs (an LSTM's optional (h, c)
+// state, an attention mask): visited in order and rebuilt from replacements,
+// so that every tensor a task reads is one of the task's tensors. A type
+// whose tensors cannot be seen (a user's struct) keeps the call in one task.
+template <class T>
+concept optional_like = requires(const T& o) {
+  typename T::value_type;
+  { o.has_value() } -> std::convertible_to<bool>;
+  *o;
+};
+template <class T>
+inline constexpr bool is_vector_v = false;
+template <class T, class A>
+inline constexpr bool is_vector_v<std::vector<T, A>> = true;
+template <class T>
+concept tuple_like = requires { std::tuple_size<T>::value; };
+
+template <class T>
+constexpr bool tensors_visible() {
+  if constexpr (is_tensor_v<T> || std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_same_v<T, std::string> ||
+                std::is_same_v<T, std::string_view> || std::is_same_v<T, std::nullptr_t>)
+    return true;
+  else if constexpr (optional_like<T> || is_vector_v<T>)
+    return tensors_visible<std::remove_cvref_t<typename T::value_type>>();
+  else if constexpr (tuple_like<T>)
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (tensors_visible<std::remove_cvref_t<std::tuple_element_t<I, T>>>() && ...);
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  else
+    return false;
+}
+
+template <class T, class F>
+void for_each_nested_tensor(const T& x, F& f) {
+  if constexpr (is_tensor_v<T>)
+    f(x);
+  else if constexpr (optional_like<T>) {
+    if (x.has_value()) for_each_nested_tensor(*x, f);
+  } else if constexpr (is_vector_v<T>) {
+    for (const auto& e : x) for_each_nested_tensor(e, f);
+  } else if constexpr (tuple_like<T>)
+    std::apply([&](const auto&... e) { (for_each_nested_tensor(e, f), ...); }, x);
+}
+
+// x with its tensors replaced by next() in for_each_nested_tensor's order.
+template <class T, class Next>
+T with_nested_tensors(const T& x, Next& next) {
+  if constexpr (is_tensor_v<T>)
+    return next();
+  else if constexpr (optional_like<T>)
+    return x.has_value() ? T(with_nested_tensors(*x, next)) : T();
+  else if constexpr (is_vector_v<T>) {
+    T out;
+    out.reserve(x.size());
+    for (const auto& e : x) out.push_back(with_nested_tensors(e, next));
+    return out;
+  } else if constexpr (tuple_like<T>)
+    return std::apply([&](const auto&... e) { return T{with_nested_tensors(e, next)...}; }, x);  // braced: in order
+  else
+    return x;
+}
+
 // A lowered call's sets in parallel tasks (detail/parallel_sets.hpp), or
-// std::nullopt where they run as one: one thread and no sets_per_task, or
-// too few sets. Params and the tensor inputs become the tasks' tensors; each
-// task rebuilds them and calls lowered on its sets. Randomness "error" only:
-// tasks drawing in parallel would not follow the seed.
+// std::nullopt where they run as one: one thread and no sets_per_task, too
+// few sets, a convolution, an input whose tensors cannot be seen, or inside
+// a functorch transform (its batched tensors and levels are the calling
+// thread's). Params and every tensor of the inputs become the tasks'
+// tensors; each task rebuilds them and calls lowered on its sets.
+// Randomness "error" only: tasks drawing in parallel would not follow the seed.
 template <class Out, class Params, class Inputs, std::size_t N, class Lowered>
 std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std::array<bool, N>& is_mapped,
                                        std::int64_t sets, const functional_vmap_options& options, Lowered& lowered) {
@@ -249,6 +315,8 @@ std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std
   if (!options.sets_per_task) return std::nullopt;
 #endif
   if (!options.sets_per_task && (threads < 2 || at::in_parallel_region())) return std::nullopt;
+  if (::tensordict::detail::functorch::inside_transform()) return std::nullopt;
+  if (!tensors_visible<std::remove_cvref_t<Inputs>>()) return std::nullopt;
 
   std::vector<at::Tensor> tensors = p.values();  // in the order p.apply visits them
   const std::size_t n_params = tensors.size();
@@ -264,10 +332,12 @@ std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std
         std::size_t k = 0;
         (
             [&](const auto& x) {
-              if constexpr (is_tensor_v<std::remove_cvref_t<decltype(x)>>) {
-                tensors.push_back(x);
-                mapped.push_back(is_mapped[k]);
-              }
+              // Only a tensor input itself may be mapped (in_dims on another throws before).
+              auto add = [&](const at::Tensor& t) {
+                tensors.push_back(t);
+                mapped.push_back(is_tensor_v<std::remove_cvref_t<decltype(x)>> && is_mapped[k]);
+              };
+              for_each_nested_tensor(x, add);
               ++k;
             }(in),
             ...);
@@ -303,17 +373,8 @@ std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std
     std::size_t next = 0;
     const std::array<std::int64_t, 1> task_sets{length};
     const Params task_params = p.apply([&](const at::Tensor&) { return own[next++]; }, task_sets);
-    // Braced: the inputs take their tensors in order.
-    const Inputs task_inputs = std::apply(
-        [&](const auto&... in) {
-          return Inputs{[&](const auto& x) {
-            if constexpr (is_tensor_v<std::remove_cvref_t<decltype(x)>>)
-              return own[next++];
-            else
-              return x;
-          }(in)...};
-        },
-        inputs);
+    auto take = [&] { return own[next++]; };
+    const Inputs task_inputs = with_nested_tensors(inputs, take);
     auto out = lowered(task_params, task_inputs, is_mapped, batch_context{length, options.randomness});
     if (!out) throw error("functional_vmap: internal: a task's sets did not lower, the whole call did");
     std::vector<at::Tensor> flat(tensor_count<Out>);
@@ -543,6 +604,83 @@ inline stacked dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params
 }
 
 }  // namespace detail
+
+// ---- does it lower? ---------------------------------------------------------------------
+
+// Whether functional_vmap lowers a module to batched ops (the module and
+// every child; a typed or run-time Sequential lowers only whole), and where
+// not, the first child that does not and why. Inputs other than one tensor
+// (a state, masks) may still keep a type that lowers from lowering: the
+// type's batched form says per call.
+//   auto how = tensordict::nn::lowering_of(net);
+//   if (!how) std::cout << how.path << ": " << how.reason;   // "2: torch::nn::MaxPool2dImpl has no batched form ..."
+struct lowering {
+  bool lowers = true;
+  std::string path;    // the child that does not lower, dotted as named_modules() names it ("" for the module itself)
+  std::string reason;  // why not
+  explicit operator bool() const { return lowers; }
+};
+
+namespace detail {
+inline std::string joined_path(const std::string& parent, const std::string& child) {
+  return parent.empty() ? child : parent + "." + child;
+}
+
+template <class Impl>
+lowering typed_lowering(Impl& m, const std::string& path) {
+  if constexpr (requires { typename Impl::is_sequential; }) {
+    lowering out;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((out.lowers ? (void)(out = typed_lowering(*m.template child<I>(), joined_path(path, std::to_string(I)))) : (void)0), ...);
+    }(std::make_index_sequence<Impl::size()>{});
+    return out;
+  } else if constexpr (has_stacked_form<Impl>) {
+    if constexpr (requires { batched<Impl>::supports(m); })
+      if (!batched<Impl>::supports(m))
+        return {false, path, c10::demangle(typeid(Impl).name()) + "'s batched form does not support its options (" +
+                                 "functional_vmap runs it through vmap)"};
+    return {};
+  } else {
+    return {false, path,
+            c10::demangle(typeid(Impl).name()) + " has no batched form (functional_vmap runs it through vmap; README: "
+                                                 "\"Adding a module type\")"};
+  }
+}
+
+inline lowering dynamic_lowering(torch::nn::Module& m, const AnyTensorDict& params, const std::string& path) {
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
+    auto names = seq->named_children();
+    std::size_t i = 0;
+    for (auto& child : *seq) {
+      const std::string& name = names[i++].key();
+      if (lowering out = dynamic_lowering(*child.ptr(), ::tensordict::detail::child_params(params, name), joined_path(path, name));
+          !out)
+        return out;
+    }
+    return {};
+  }
+  const std::string type = c10::demangle(typeid(m).name());
+  auto kind = module_registry::instance().find(m);
+  if (!kind) return {false, path, type + " is not in the module registry (nn::module_registry::add, README: \"Adding a module type\")"};
+  if (!kind->batched) return {false, path, type + " has no batched form (functional_vmap runs it through vmap)"};
+  if (!kind->lowers(m, params))
+    return {false, path, type + "'s batched form does not support its options (functional_vmap runs it through vmap)"};
+  return {};
+}
+}  // namespace detail
+
+template <class M>
+lowering lowering_of(M&& module) {
+  if constexpr (dynamic_module<M>) {
+    torch::nn::Module& m = ::tensordict::detail::dynamic_ref(module);
+    AnyTensorDict own;
+    any_key_path path;
+    ::tensordict::detail::collect(m, own, path);
+    return detail::dynamic_lowering(m, own, "");
+  } else {
+    return detail::typed_lowering(::tensordict::detail::impl_ref(module), "");
+  }
+}
 
 // functional_vmap on a run-time model: params (an AnyTensorDict whose batch
 // dims index the sets, e.g. from_modules) as in the typed form; the model's

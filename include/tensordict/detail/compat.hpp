@@ -96,6 +96,9 @@ inline at::Tensor remove_batch_dim(const at::Tensor& t, std::int64_t level, std:
 
 inline bool is_batched(const at::Tensor& t) { return at::functorch::isBatchedTensor(t); }
 
+// Whether a functorch transform (a vmap level, ...) is active on this thread.
+inline bool inside_transform() { return at::functorch::maybeCurrentDynamicLayer().has_value(); }
+
 }  // namespace tensordict::detail::functorch
 
 #endif  // TENSORDICT_COMPAT_FUNCTORCH

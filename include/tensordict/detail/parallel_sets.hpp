@@ -23,9 +23,10 @@
 #include <ATen/ThreadLocalState.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/zeros_like.h>
-#include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -65,160 +66,208 @@ struct set_tasks_plan {
   std::int64_t start(std::int64_t t) const { return t * per_task; }
   std::int64_t length(std::int64_t t) const { return std::min(per_task, sets - t * per_task); }
 
-  // The tensors of task t, as new autograd leaves where `as_leaves`.
-  std::vector<at::Tensor> inputs_of(const std::vector<at::Tensor>& tensors, std::int64_t t, bool as_leaves) const {
+  // The tensors of task t: views of the caller's (narrowed to its sets where
+  // mapped), so that a graph recorded from them reaches the caller's tensors.
+  std::vector<at::Tensor> inputs_of(const std::vector<at::Tensor>& tensors, std::int64_t t) const {
     std::vector<at::Tensor> out;
     out.reserve(tensors.size());
-    for (std::size_t k = 0; k < tensors.size(); ++k) {
-      const at::Tensor& whole = tensors[k];
-      at::Tensor part = mapped[k] ? whole.narrow(0, start(t), length(t)) : whole;
-      if (as_leaves) {
-        part = part.detach();
-        if (whole.requires_grad()) part.requires_grad_(true);
-      }
-      out.push_back(std::move(part));
-    }
+    for (std::size_t k = 0; k < tensors.size(); ++k)
+      out.push_back(mapped[k] && tensors[k].defined() ? tensors[k].narrow(0, start(t), length(t)) : tensors[k]);
     return out;
   }
 
   // Runs body(t) for every task, across the intra-op threads, each with the
-  // caller's thread-local state and one thread for what it calls: oneDNN
-  // (libtorch's convolutions) sizes its own OpenMP teams by
+  // caller's thread-local state and one OpenMP thread for what it calls:
+  // oneDNN (libtorch's convolutions) sizes its own OpenMP teams by
   // omp_get_max_threads(), and inside a task its team would have one thread
-  // where its barriers wait for more (measured: a convolution's backward spun forever).
+  // where its barriers wait for more (measured: a convolution's backward spun
+  // forever). Inside the caller's own parallel region at::parallel_for runs
+  // the body on the caller's thread, so the setting is restored after it.
   template <class Body>
   void for_each_task(Body&& body) const {
     const at::ThreadLocalState state;
     at::parallel_for(0, count(), 1, [&](std::int64_t begin, std::int64_t end) {
       const at::ThreadLocalStateGuard guard(state);
 #ifdef _OPENMP
-      if (omp_in_parallel()) omp_set_num_threads(1);  // this task's own setting, not the caller's
+      struct one_omp_thread {
+        int before = omp_get_max_threads();
+        bool set = omp_in_parallel();
+        one_omp_thread() {
+          if (set) omp_set_num_threads(1);
+        }
+        ~one_omp_thread() {
+          if (set) omp_set_num_threads(before);
+        }
+      } const omp_threads;
 #endif
       for (std::int64_t t = begin; t < end; ++t) body(t);
     });
   }
 };
 
-// The autograd node of the parallel tasks: forward runs them, each recording
-// its own graph from leaves of its own; backward runs those graphs in
-// parallel and joins the gradients (mapped tensors' by their sets, shared
-// ones' summed). First-order only: a graph of the gradients would not reach
-// the caller's tensors.
-struct set_tasks_function : torch::autograd::Function<set_tasks_function> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const set_tasks_plan* plan,
-                                                at::TensorList tensors) {
-    const std::vector<at::Tensor> whole(tensors.begin(), tensors.end());
-    const std::int64_t count = plan->count();
-    std::vector<std::vector<at::Tensor>> outputs(static_cast<std::size_t>(count));
-    std::vector<std::vector<at::Tensor>> leaves(static_cast<std::size_t>(count));
-    plan->for_each_task([&](std::int64_t t) {
-      const at::AutoGradMode record(true);
-      leaves[t] = plan->inputs_of(whole, t, true);
-      outputs[t] = (*plan->task)(leaves[t], plan->start(t), plan->length(t));
-    });
-    std::vector<at::Tensor> flat_leaves, flat_outputs;
-    for (auto& l : leaves) flat_leaves.insert(flat_leaves.end(), l.begin(), l.end());
-    for (auto& o : outputs) flat_outputs.insert(flat_outputs.end(), o.begin(), o.end());
-    ctx->saved_data["outputs"] = flat_outputs;
-    ctx->saved_data["tasks"] = count;
-    ctx->saved_data["leaves"] = flat_leaves;
-    ctx->saved_data["per_task"] = plan->per_task;
-    c10::List<bool> mapped;
-    for (bool m : plan->mapped) mapped.push_back(m);
-    ctx->saved_data["mapped"] = mapped;
-    return join(outputs, true);
-  }
-
-  // Each output's parts of the tasks, joined along the sets.
-  static std::vector<at::Tensor> join(const std::vector<std::vector<at::Tensor>>& outputs, bool detached) {
-    std::vector<at::Tensor> joined;
-    for (std::size_t j = 0; j < outputs[0].size(); ++j) {
-      std::vector<at::Tensor> parts;
-      for (const auto& o : outputs) parts.push_back(detached ? o[j].detach() : o[j]);
-      joined.push_back(at::cat(parts, 0));
+// The autograd node of the parallel tasks. Each task records its graph from
+// views of the caller's tensors; the node keeps edges into those graphs, not
+// the tasks' outputs, so the joined outputs are the only copy of them. Its
+// next edges are the caller's tensors and then every task output's edge, so
+// that the task graphs are part of the caller's graph. Two ways back:
+//  - parallel (a first-order backward): the task graphs' backward runs in
+//    parallel tasks here (the engine would run them on one thread), each
+//    stopped at its task's views and kept; the gradients are joined (mapped
+//    tensors' along their sets, shared ones' summed) and returned for the
+//    caller's tensors, none for the task outputs. The engine then passes
+//    through the task graphs with no gradient (it computes nothing there) and
+//    frees them as it frees the caller's graph: retain_graph, and a second
+//    backward failing without it, are as through one task.
+//  - through the engine (a backward that records a graph, create_graph, and
+//    every backward after one): the incoming gradients go to the task
+//    outputs, none to the caller's tensors, and the engine runs the task
+//    graphs in the caller's graph task, as one task's graph. A graph of
+//    gradients refers to tensors inside the task graphs, which a later
+//    backward reaches directly; running the task graphs in a graph task of
+//    their own then would free them under it.
+class set_tasks_backward : public torch::autograd::Node {
+ public:
+  // tensors: the caller's tensors (mapped ones narrowed per task);
+  // task_targets[t][k]: the edge of task t's view of tensor k (invalid where
+  // tensor k takes no gradient); task_roots[t][j]: the edge of task t's output
+  // j (invalid where it takes none).
+  set_tasks_backward(std::int64_t sets, std::int64_t per_task, std::vector<bool> mapped, const std::vector<at::Tensor>& tensors,
+                     std::vector<std::vector<torch::autograd::Edge>> task_targets,
+                     std::vector<std::vector<torch::autograd::Edge>> task_roots)
+      : sets_(sets), per_task_(per_task), mapped_(std::move(mapped)), targets_(std::move(task_targets)) {
+    torch::autograd::edge_list next;
+    for (const at::Tensor& x : tensors) {
+      const bool takes = x.defined() && x.requires_grad();
+      next.push_back(takes ? torch::autograd::impl::gradient_edge(x) : torch::autograd::Edge());
+      zero_like_.push_back(takes ? at::zeros({}, x.options()).expand(x.sizes()) : at::Tensor());
     }
-    return joined;
+    outputs_ = task_roots.empty() ? 0 : task_roots[0].size();
+    for (auto& task : task_roots)
+      for (auto& root : task) next.push_back(std::move(root));
+    set_next_edges(std::move(next));
   }
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    if (at::GradMode::is_enabled())
-      throw error(
-          "functional_vmap: a graph of the gradients (create_graph=true) through sets run in parallel tasks is not "
-          "supported; run them in one task (functional_vmap_options{.sets_per_task = <the number of sets>})");
-    const std::vector<at::Tensor> outputs = ctx->saved_data["outputs"].toTensorVector();
-    const std::vector<at::Tensor> flat_leaves = ctx->saved_data["leaves"].toTensorVector();
-    std::vector<bool> mapped;
-    for (bool m : ctx->saved_data["mapped"].toBoolList()) mapped.push_back(m);
-    const std::size_t n = mapped.size();
-    const std::int64_t count = ctx->saved_data["tasks"].toInt();
-    const std::size_t n_out = outputs.size() / static_cast<std::size_t>(count);
-    const std::int64_t per_task = ctx->saved_data["per_task"].toInt();
+  std::string name() const override { return "tensordict::detail::set_tasks_backward"; }
 
-    // Per task, the gradients of its leaves that take one.
-    std::vector<std::vector<at::Tensor>> grads(static_cast<std::size_t>(count), std::vector<at::Tensor>(n));
-    const set_tasks_plan plan{count * per_task, per_task, mapped, nullptr};
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const std::size_t n = mapped_.size();
+    const auto count = static_cast<std::int64_t>(targets_.size());
+    const set_tasks_plan plan{sets_, per_task_, mapped_, nullptr};
+    torch::autograd::variable_list result(num_outputs());
+    if (at::GradMode::is_enabled()) through_engine_ = true;
+    if (through_engine_) {
+      for (std::int64_t t = 0; t < count; ++t)
+        for (std::size_t j = 0; j < outputs_; ++j)
+          if (grads[j].defined()) result[n + static_cast<std::size_t>(t) * outputs_ + j] = grads[j].narrow(0, plan.start(t), plan.length(t));
+      return result;
+    }
+
+    std::vector<std::vector<at::Tensor>> task_grads(targets_.size(), std::vector<at::Tensor>(n));
     plan.for_each_task([&](std::int64_t t) {
-        // The task's outputs that carry a gradient, with theirs.
-        std::vector<at::Tensor> outs, outs_grads;
-        for (std::size_t j = 0; j < n_out; ++j) {
-          const at::Tensor& out = outputs[static_cast<std::size_t>(t) * n_out + j];
-          if (!grad_outputs[j].defined() || !out.requires_grad()) continue;
-          outs.push_back(out);
-          outs_grads.push_back(grad_outputs[j].narrow(0, t * per_task, out.size(0)));
-        }
-        if (outs.empty()) return;
-        std::vector<at::Tensor> wanted;
-        std::vector<std::size_t> where;
-        for (std::size_t k = 0; k < n; ++k) {
-          const at::Tensor& leaf = flat_leaves[static_cast<std::size_t>(t) * n + k];
-          if (leaf.requires_grad()) {
-            wanted.push_back(leaf);
-            where.push_back(k);
-          }
-        }
-        const auto g = torch::autograd::grad(outs, wanted, outs_grads, /*retain_graph=*/false, /*create_graph=*/false,
-                                             /*allow_unused=*/true);
-        for (std::size_t j = 0; j < where.size(); ++j) grads[t][where[j]] = g[j];
-      });
-    // One per forward argument: none for the plan, then the tensors'.
-    torch::autograd::variable_list result{at::Tensor()};
-    for (std::size_t k = 0; k < n; ++k) {
-      std::vector<at::Tensor> parts;
-      bool any = false;
-      for (std::int64_t t = 0; t < count; ++t) {
-        const at::Tensor& leaf = flat_leaves[static_cast<std::size_t>(t) * n + k];
-        at::Tensor g = grads[t][k];
-        any = any || g.defined();
-        if (!g.defined() && mapped[k]) g = at::zeros_like(leaf);
-        parts.push_back(std::move(g));
+      const auto& targets = targets_[static_cast<std::size_t>(t)];
+      torch::autograd::edge_list from, to;
+      torch::autograd::variable_list from_grads;
+      for (std::size_t j = 0; j < outputs_; ++j) {
+        const torch::autograd::Edge& root = next_edge(n + static_cast<std::size_t>(t) * outputs_ + j);
+        if (!root.is_valid() || !grads[j].defined()) continue;
+        from.push_back(root);
+        from_grads.push_back(grads[j].narrow(0, plan.start(t), plan.length(t)));
       }
-      if (!any) {
-        result.emplace_back();
-      } else if (mapped[k]) {
-        result.push_back(at::cat(parts, 0));
+      std::vector<std::size_t> which;
+      for (std::size_t k = 0; k < n; ++k)
+        if (targets[k].is_valid()) {
+          to.push_back(targets[k]);
+          which.push_back(k);
+        }
+      if (from.empty() || to.empty()) return;
+      const auto got = torch::autograd::Engine::get_default_engine().execute(from, from_grads, /*keep_graph=*/true,
+                                                                             /*create_graph=*/false, /*accumulate_grad=*/false, to);
+      for (std::size_t i = 0; i < which.size(); ++i) task_grads[static_cast<std::size_t>(t)][which[i]] = got[i];
+    });
+    for (std::size_t k = 0; k < n; ++k) {
+      bool any = false;
+      for (const auto& g : task_grads) any = any || g[k].defined();
+      if (!any) continue;
+      if (mapped_[k]) {
+        std::vector<at::Tensor> parts;
+        for (std::int64_t t = 0; t < count; ++t) {
+          at::Tensor g = task_grads[static_cast<std::size_t>(t)][k];
+          parts.push_back(g.defined() ? g : zero_like_[k].narrow(0, plan.start(t), plan.length(t)));
+        }
+        result[k] = at::cat(parts, 0);
       } else {
-        at::Tensor sum;
-        for (auto& g : parts)
-          if (g.defined()) sum = sum.defined() ? at::add(sum, g) : g;  // not in place: g may alias grad_outputs
-        result.push_back(sum);
+        for (const auto& g : task_grads)
+          if (g[k].defined()) result[k] = result[k].defined() ? at::add(result[k], g[k]) : g[k];  // not in place: g may alias grads
       }
     }
     return result;
   }
+
+ private:
+  std::int64_t sets_, per_task_;
+  std::vector<bool> mapped_;
+  std::size_t outputs_ = 0;
+  std::vector<std::vector<torch::autograd::Edge>> targets_;
+  // Per tensor that takes a gradient, zeros of its shape (expanded, no
+  // memory): the part of a task whose graph did not reach it.
+  std::vector<at::Tensor> zero_like_;
+  bool through_engine_ = false;
 };
+
+// Each output's parts of the tasks, joined along the sets.
+inline std::vector<at::Tensor> join_set_tasks(const std::vector<std::vector<at::Tensor>>& outputs) {
+  std::vector<at::Tensor> joined;
+  for (std::size_t j = 0; j < outputs[0].size(); ++j) {
+    std::vector<at::Tensor> parts;
+    for (const auto& o : outputs) parts.push_back(o[j]);
+    joined.push_back(at::cat(parts, 0));
+  }
+  return joined;
+}
 
 // The joined outputs of task(...) over `sets` sets in tasks of `per_task`,
 // differentiable with respect to `tensors` where gradients are wanted.
 inline std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::int64_t per_task, const std::vector<at::Tensor>& tensors,
-                                const std::vector<bool>& mapped, const set_task& task) {
+                                             const std::vector<bool>& mapped, const set_task& task) {
   const set_tasks_plan plan{sets, per_task, mapped, &task};
+  const auto count = static_cast<std::size_t>(plan.count());
   const bool wants_grad = at::GradMode::is_enabled() &&
-                          std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.requires_grad(); });
-  if (wants_grad) return set_tasks_function::apply(&plan, at::TensorList(tensors));
-  std::vector<std::vector<at::Tensor>> outputs(static_cast<std::size_t>(plan.count()));
-  plan.for_each_task([&](std::int64_t t) { outputs[t] = task(plan.inputs_of(tensors, t, false), plan.start(t), plan.length(t)); });
-  return set_tasks_function::join(outputs, false);
+                          std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  std::vector<std::vector<at::Tensor>> outputs(count);
+  if (!wants_grad) {
+    plan.for_each_task([&](std::int64_t t) { outputs[t] = task(plan.inputs_of(tensors, t), plan.start(t), plan.length(t)); });
+    return join_set_tasks(outputs);
+  }
+
+  using torch::autograd::Edge;
+  std::vector<std::vector<Edge>> roots(count), targets(count);
+  plan.for_each_task([&](std::int64_t t) {
+    const std::vector<at::Tensor> own = plan.inputs_of(tensors, t);
+    outputs[t] = task(own, plan.start(t), plan.length(t));
+    for (const at::Tensor& x : own)
+      targets[t].push_back(x.defined() && x.requires_grad() ? torch::autograd::impl::gradient_edge(x) : Edge());
+    for (const at::Tensor& y : outputs[t])
+      roots[t].push_back(y.defined() && y.requires_grad() ? torch::autograd::impl::gradient_edge(y) : Edge());
+  });
+  std::vector<at::Tensor> joined;
+  {
+    const at::NoGradGuard no_grad;
+    joined = join_set_tasks(outputs);
+  }
+  std::vector<bool> differentiable(joined.size(), false);
+  for (const auto& task_roots : roots)
+    for (std::size_t j = 0; j < task_roots.size(); ++j) differentiable[j] = differentiable[j] || task_roots[j].is_valid();
+  outputs.clear();  // the joined outputs are the only copy
+
+  std::shared_ptr<set_tasks_backward> node(
+      new set_tasks_backward(sets, per_task, mapped, tensors, std::move(targets), std::move(roots)), torch::autograd::deleteNode);
+  for (std::size_t j = 0; j < joined.size(); ++j) {
+    if (differentiable[j])
+      torch::autograd::set_history(joined[j], node);
+    else
+      node->add_input_metadata(torch::autograd::Node::undefined_input());
+  }
+  return joined;
 }
 
 }  // namespace tensordict::detail

@@ -297,11 +297,15 @@ struct fused_lstm_step : torch::autograd::Function<fused_lstm_step> {
     auto [h, c] = ::tensordict::detail::fused_lstm::forward(gx, gh, bias, c_prev, &saved);
     ctx->save_for_backward({gx, gh, bias, c_prev});
     ctx->saved_data["activations"] = saved;
+    // No gradient at all (the engine passing through a graph whose gradients
+    // were computed elsewhere: detail/parallel_sets.hpp) computes nothing.
+    ctx->set_materialize_grads(false);
     return {h, c};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto inputs = ctx->get_saved_variables();
+    if (!grads[0].defined() && !grads[1].defined()) return torch::autograd::variable_list(4);
     if (at::GradMode::is_enabled()) {
       std::vector<at::Tensor> wrt;
       for (const auto& t : inputs)
@@ -317,8 +321,10 @@ struct fused_lstm_step : torch::autograd::Function<fused_lstm_step> {
         if (inputs[k].defined() && inputs[k].requires_grad()) out[k] = d[next++];
       return out;
     }
-    auto [d_gates, d_c_prev] = ::tensordict::detail::fused_lstm::backward(
-        grads[0], grads[1], ctx->saved_data["activations"].toTensor(), inputs[3]);
+    const at::Tensor activations = ctx->saved_data["activations"].toTensor();
+    const auto given = [&](const at::Tensor& g, const at::Tensor& like) { return g.defined() ? g : at::zeros_like(like); };
+    auto [d_gates, d_c_prev] = ::tensordict::detail::fused_lstm::backward(given(grads[0], inputs[3]), given(grads[1], inputs[3]),
+                                                                           activations, inputs[3]);
     const at::Tensor d_bias = ctx->needs_input_grad(2) ? d_gates.sum(1) : at::Tensor();
     return {d_gates, d_gates, d_bias, d_c_prev};
   }
