@@ -59,11 +59,11 @@ int measure(const std::string& how, const std::string& path) {
   if (how == "today")
     loaded = td::load_from_string(td::detail::read_file(path, "bench"));
   else if (how == "mapped")
-    loaded = td::load(path);
+    loaded = td::load(path, {.memory = td::load_memory::mapped});
   else if (how == "owned")
     loaded = td::load(path, {.memory = td::load_memory::owned});
   else if (how == "safetensors")
-    loaded = td::load_safetensors(path);
+    loaded = td::load_safetensors(path, {.memory = td::load_memory::mapped});
   else if (how == "memmap")
     loaded = td::load_memmap(path);
   const double returned = seconds_since(start);

@@ -1,13 +1,16 @@
 // Files shared with Python. The fixtures in tests/data are made by
 // tests/data/make_fixtures.py; their tensors hold value(shape, scale) =
 // arange(numel).reshape(shape) * scale, computed here again.
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "catch_torch.hpp"
+#include "test_helpers.hpp"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
@@ -28,7 +31,7 @@ using namespace tensordict;
 using test::Contains;
 
 namespace {
-std::string fixture(const std::string& name) { return std::string(TENSORDICT_TEST_DATA) + "/" + name; }
+std::string fixture(const std::string& name) { return test::test_data(name); }
 
 at::Tensor value(c10::IntArrayRef shape, double scale = 0.5, at::ScalarType dtype = at::kFloat) {
   std::int64_t n = 1;
@@ -334,7 +337,7 @@ TEST_CASE("load: corrupted bytes throw file_error or load, never crash", "[files
 // A storage over a mapping is not resizable; at::empty's is.
 bool mapped(const at::Tensor& t) { return !t.storage().resizable(); }
 
-TEST_CASE("load: tensors point into a private mapping that they keep alive", "[files]") {
+TEST_CASE("load: mapped, tensors point into a private mapping that they keep alive", "[files]") {
   const std::string path = temporary("mapped.pt");
   AnyTensorDict td;
   td.set("w", value({64, 32}));
@@ -343,7 +346,7 @@ TEST_CASE("load: tensors point into a private mapping that they keep alive", "[f
   save(td, path);
   const std::string before = bytes_of(path);
 
-  auto back = load(path);
+  auto back = load(path, {.memory = load_memory::mapped});
   CHECK(mapped(back.get("w")));
   CHECK(same_storage(back.get("w"), back.get("tied")));
   CHECK(reinterpret_cast<std::uintptr_t>(back.get("b").data_ptr()) % 8 == 0);  // libtorch aligns records to 64 bytes
@@ -375,9 +378,10 @@ TEST_CASE("load: a mapped load leaves the tensor records' checksums to verify_ch
   REQUIRE(data != entries.end());
   bytes[data->offset + 8] ^= 0x40;
   write_bytes(path, bytes);
-  CHECK(load(path).get("w").abs().sum().item<float>() > 0);  // read as it is, without reading the file through
-  CHECK_THROWS_WITH(load(path, {.verify_checksums = true}), Contains("is corrupted"));
-  CHECK_THROWS_WITH(load(path, {.memory = load_memory::owned}), Contains("is corrupted"));
+  const load_options mapped{.memory = load_memory::mapped};
+  CHECK(load(path, mapped).get("w").abs().sum().item<float>() > 0);  // read as it is, without reading the file through
+  CHECK_THROWS_WITH(load(path, {.memory = load_memory::mapped, .verify_checksums = true}), Contains("is corrupted"));
+  CHECK_THROWS_WITH(load(path), Contains("is corrupted"));  // owned, the default
   CHECK_THROWS_WITH(load_from_string(bytes), Contains("is corrupted"));
   std::remove(path.c_str());
 }
@@ -426,7 +430,7 @@ TEST_CASE("safetensors: round trip, dotted names, dtypes, metadata", "[files]") 
   for (const auto& t : header.tensors) CHECK(t.begin % t.dtype->element_size == 0);
   CHECK(load_safetensors_metadata(path) == safetensors_metadata{{"format", "pt"}, {"note", "made in C++"}});
 
-  auto back = load_safetensors(path);
+  auto back = load_safetensors(path, {.memory = load_memory::mapped});
   CHECK(back.get("0", "weight").equal(td.get("0", "weight")));  // "0.weight" unflattened
   for (const auto& [key, t] : td.items()) {
     INFO(to_string(key));
@@ -437,7 +441,7 @@ TEST_CASE("safetensors: round trip, dotted names, dtypes, metadata", "[files]") 
   CHECK(mapped(back.get("0", "weight")));
   back.get("0", "weight").zero_();  // copy-on-write
   CHECK(bytes_of(path) == bytes);
-  CHECK_FALSE(mapped(load_safetensors(path, {.memory = load_memory::owned}).get("0", "weight")));
+  CHECK_FALSE(mapped(load_safetensors(path).get("0", "weight")));  // owned, the default
   CHECK((load_safetensors_from_string(bytes) == td).all());
 
   torch::nn::Linear linear(3, 2);
@@ -645,6 +649,181 @@ TEST_CASE("memmap: bad directories throw file_error naming the file", "[files]")
   CHECK_THROWS_WITH(save_memmap(reserved, dir / "reserved"), Contains("\"shape\": a memmap directory cannot hold this key"));
   CHECK_FALSE(std::filesystem::exists(dir / "reserved"));
   CHECK_FALSE(std::filesystem::exists(dir / "reserved.tensordict-partial"));
+}
+
+// ---- what loads and saves promise -----------------------------------------------------------
+
+namespace {
+// Python's torch.save(obj, path) rewrites a file in place: the same inode, truncated, then written.
+void rewrite_in_place(const std::string& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The names in a folder that a save would leave behind (its temporaries).
+std::vector<std::string> debris(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().find(".tensordict-") != std::string::npos) out.push_back(e.path().filename().string());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("load and load_safetensors copy by default: a file rewritten or truncated later leaves the tensors", "[files]") {
+  temporary_dir dir("owned_default");
+  AnyTensorDict td;
+  td.set("w", value({64, 32}));
+  AnyTensorDict other;
+  other.set("w", value({64, 32}, 3.0));
+  for (const bool safetensors : {false, true}) {
+    INFO((safetensors ? "safetensors" : "torch.save"));
+    const std::string path = dir / (safetensors ? "ckpt.safetensors" : "ckpt.pt");
+    auto save_any = [&](const AnyTensorDict& what) { safetensors ? save_safetensors(what, path) : save(what, path); };
+    auto load_any = [&](const load_options& o) { return safetensors ? load_safetensors(path, o) : load(path, o); };
+    save_any(td);
+    const auto back = load_any({});
+    CHECK_FALSE(mapped(back.get("w")));
+    const std::string bytes_of_other = safetensors ? save_safetensors_to_string(other) : save_to_string(other);
+    rewrite_in_place(path, bytes_of_other);
+    CHECK(back.get("w").equal(value({64, 32})));
+    std::filesystem::resize_file(path, 0);  // mapped, touching a page past the end would end the process (SIGBUS)
+    CHECK(back.get("w").sum().item<double>() == value({64, 32}).sum().item<double>());
+    // Mapped, the explicit choice: a rewrite in place shows through pages this process has not written.
+    save_any(td);
+    const auto view = load_any({.memory = load_memory::mapped});
+    CHECK(mapped(view.get("w")));
+    rewrite_in_place(path, bytes_of_other);
+    CHECK(view.get("w").equal(value({64, 32}, 3.0)));
+  }
+}
+
+TEST_CASE("save_safetensors refuses two key paths that flatten to one name, before writing", "[files]") {
+  temporary_dir dir("safetensors_clash");
+  AnyTensorDict td;
+  td.set({"a.b"}, at::ones({2}));
+  td.set("a", "b", at::zeros({3}));
+  const std::string path = dir / "clash.safetensors";
+  CHECK_THROWS_WITH(save_safetensors(td, path), Contains("\"a.b\" and (\"a\", \"b\") are both named \"a.b\""));
+  CHECK_FALSE(std::filesystem::exists(path));
+  CHECK(debris(dir.path).empty());
+  CHECK_THROWS_AS(save_safetensors_to_string(td), file_error);
+}
+
+TEST_CASE("failed saves throw file_error naming the path and the reason, and leave no debris", "[files]") {
+  temporary_dir dir("failed_saves");
+  AnyTensorDict bad_utf8;
+  bad_utf8.set({std::string("caf\xe9")}, at::ones({2}));
+  CHECK_THROWS_WITH(save_memmap(bad_utf8, dir / "latin1"), Contains("save_memmap") && Contains("not valid UTF-8"));
+  CHECK_THROWS_WITH(save_safetensors(bad_utf8, dir / "latin1.safetensors"), Contains("latin1.safetensors") && Contains("not valid UTF-8"));
+  CHECK_THROWS_WITH(save_safetensors(AnyTensorDict(), dir / "meta.safetensors", {{"note", "\xff"}}), Contains("not valid UTF-8"));
+
+  AnyTensorDict long_key;
+  long_key.set({std::string(300, 'k')}, at::ones({2}));
+  CHECK_THROWS_WITH(save_memmap(long_key, dir / "new/parents/long"), Contains("File name too long"));
+  CHECK_FALSE(std::filesystem::exists(dir / "new"));  // the folders it made are gone too
+  CHECK_THROWS_WITH(save(long_key, dir / std::string(300, 'f')), Contains("File name too long"));
+  // Over an existing target, a failed save leaves it as it was.
+  AnyTensorDict good({2});
+  good.set("x", at::ones({2}));
+  save_memmap(good, dir / "existing");
+  long_key.set_batch_size({2});
+  CHECK_THROWS_AS(save_memmap(long_key, dir / "existing"), file_error);
+  CHECK((load_memmap(dir / "existing") == good).all());
+  save_safetensors(good, dir / "existing.safetensors");
+  const std::string before = bytes_of(dir / "existing.safetensors");
+  CHECK_THROWS_AS(save_safetensors(bad_utf8, dir / "existing.safetensors"), file_error);
+  CHECK(bytes_of(dir / "existing.safetensors") == before);
+
+  AnyTensorDict td;
+  td.set("x", at::ones({2}));
+  write_bytes(dir / "plain.txt", "keep me");
+  CHECK_THROWS_WITH(save_memmap(td, dir / "plain.txt"), Contains("exists and is not a directory"));
+  CHECK(bytes_of(dir / "plain.txt") == "keep me");
+  CHECK_THROWS_WITH(save(td, dir.path.string()), Contains("is a directory"));
+
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir.path);
+  CHECK_THROWS_WITH(save_memmap(td, "."), Contains("names the current or a parent directory"));
+  CHECK_THROWS_WITH(save_memmap(td, ""), Contains("the path is empty"));
+  CHECK_THROWS_WITH(save(td, ""), Contains("the path is empty"));
+  std::filesystem::current_path(cwd);
+  CHECK(debris(dir.path).empty());
+  CHECK(debris(dir.path.parent_path()).empty());
+}
+
+TEST_CASE("saves replace a file keeping its mode, write through symbolic links, and race safely", "[files][threads]") {
+  temporary_dir dir("replace");
+  AnyTensorDict one, two;
+  one.set("w", value({8}, 1.0));
+  two.set("w", value({8}, 2.0));
+  const std::string path = dir / "private.pt";
+  save(one, path);
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  save(two, path);
+  CHECK(std::filesystem::status(path).permissions() ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+  save_safetensors(one, path + ".safetensors");
+  std::filesystem::permissions(path + ".safetensors", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  save_safetensors(two, path + ".safetensors");
+  CHECK(std::filesystem::status(path + ".safetensors").permissions() ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+
+  std::filesystem::create_directory(dir / "ckpt");
+  save(one, dir / "ckpt/epoch1.pt");
+  std::filesystem::create_symlink("ckpt/epoch1.pt", dir / "latest.pt");
+  save(two, dir / "latest.pt");
+  CHECK(std::filesystem::is_symlink(dir / "latest.pt"));
+  CHECK((load(dir / "ckpt/epoch1.pt") == two).all());
+
+  // Two threads saving one path: every save succeeds and the file is always whole.
+  std::atomic<int> failures{0};
+  auto saver = [&](const AnyTensorDict& what) {
+    for (int i = 0; i < 20; ++i) try {
+        save(what, dir / "raced.pt");
+        save_memmap(what, dir / "raced");
+      } catch (const std::exception&) {
+        ++failures;
+      }
+  };
+  std::thread a(saver, one), b(saver, two);
+  a.join();
+  b.join();
+  CHECK(failures == 0);
+  const auto raced = load(dir / "raced.pt", {.verify_checksums = true});
+  CHECK(((raced == one).all() || (raced == two).all()));
+  const auto raced_dir = load_memmap(dir / "raced");
+  CHECK(((raced_dir == one).all() || (raced_dir == two).all()));
+  CHECK(debris(dir.path).empty());
+}
+
+TEST_CASE("save_memmap writes the device Python tensordict reads back, \"None\" for none", "[files]") {
+  temporary_dir dir("memmap_device");
+  AnyTensorDict no_device({2}), on_cpu({2}, at::Device(at::kCPU));
+  no_device.set("x", at::ones({2}));
+  on_cpu.set("x", at::ones({2}));
+  save_memmap(no_device, dir / "none");
+  save_memmap(on_cpu, dir / "cpu");
+  CHECK(nlohmann::json::parse(bytes_of(dir / "none/meta.json"))["device"] == "None");
+  CHECK(nlohmann::json::parse(bytes_of(dir / "cpu/meta.json"))["device"] == "cpu");
+  CHECK_FALSE(load_memmap(dir / "none").device().has_value());
+  CHECK(load_memmap(dir / "cpu").device() == at::Device(at::kCPU));
+}
+
+TEST_CASE("loaders take a batch size (batch_dims); a typed load's errors name the file", "[files]") {
+  temporary_dir dir("batch_dims");
+  auto nets = std::vector<torch::nn::Linear>{torch::nn::Linear(3, 2), torch::nn::Linear(3, 2), torch::nn::Linear(3, 2)};
+  const auto stacked = from_modules(nets).detach();
+  save_safetensors(stacked, dir / "ensemble.safetensors");
+  save(stacked, dir / "ensemble.pt");
+  CHECK(load_safetensors(dir / "ensemble.safetensors").batch_size().empty());  // the format has none
+  CHECK_THROWS_WITH(load_safetensors(dir / "ensemble.safetensors", stacked),
+                    Contains("tensordict::load_safetensors(\"" + (dir / "ensemble.safetensors") + "\")") && Contains("batch_size"));
+  const auto typed = load_safetensors(dir / "ensemble.safetensors", stacked, {.batch_dims = 1});
+  CHECK(typed.batch_size() == c10::IntArrayRef{3});
+  CHECK((typed == stacked).all());
+  CHECK(load(dir / "ensemble.pt", {.batch_dims = 1}).batch_size() == c10::IntArrayRef{3});
+  CHECK(load(dir / "ensemble.pt", {.batch_dims = 5}).batch_size() == c10::IntArrayRef{3, 2});  // all the leaves share
+  CHECK_THROWS_WITH(load(dir / "ensemble.pt", stacked), Contains("tensordict::load(\""));
 }
 
 // Written for tests/data/check_python_reads.py (run when Python has torch); hidden from the default run.

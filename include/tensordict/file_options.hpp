@@ -1,14 +1,28 @@
 // What the file loaders (files.hpp: torch.save; safetensors.hpp; memmap.hpp)
 // share: how loaded tensors hold their memory.
 //
-// load_memory::mapped (the default) maps the file and points the tensors into
-// the mapping, which they keep alive: loading returns before any tensor byte
-// is read, and pages are read from the file when first touched. The mapping is
-// private: writing a loaded tensor in place copies the pages it touches into
-// this process's memory and never changes the file. Tensors whose bytes are not
-// aligned to their element size in the file are copied. load_memory::owned
-// copies every tensor into memory of its own and lets the file go.
+// load_memory::owned copies every tensor into memory of its own: the file is
+// read once, during the call, without a mapping, and nothing another process
+// later does to it (rewriting it in place as Python's torch.save does,
+// truncating it) reaches the loaded tensors. It is the default of load() and
+// load_safetensors(), as torch.load copies unless given mmap=True.
+//
+// load_memory::mapped maps the file and points the tensors into the mapping,
+// which they keep alive: loading returns before any tensor byte is read, and
+// pages are read from the file when first touched. The mapping is private:
+// writing a loaded tensor in place copies the pages it touches into this
+// process's memory and never changes the file. But the tensors are only as
+// stable as the file: a change of the file by another process shows through
+// pages this process has not written, and a file truncated under the mapping
+// ends the process with SIGBUS when a page past its new end is touched (as
+// Python's torch.load(mmap=True) and numpy.memmap). Tensors whose bytes are
+// not aligned to their element size in the file are copied. It is the default
+// of load_memmap(): a memmap directory is file-backed by design, as Python
+// tensordict's.
 #pragma once
+
+#include <cstddef>
+#include <optional>
 
 namespace tensordict {
 
@@ -18,11 +32,18 @@ struct load_options {
   // Values that are not tensors (a checkpoint's "epoch": 3; a memmap
   // directory's non-tensor entries) are left out instead of refused.
   bool skip_non_tensors = false;
-  load_memory memory = load_memory::mapped;
+  // Unset: the format's default (owned for torch.save and safetensors files,
+  // mapped for memmap directories).
+  std::optional<load_memory> memory{};
   // torch.save files: check the CRC-32 of every tensor record, which reads the
   // whole file. Owned loads always check; mapped ones check the records that
   // describe the tensors (the pickle, the version) unless this is set.
   bool verify_checksums = false;
+  // Python's auto_batch_size_(batch_dims): the loaded TensorDict's batch size
+  // is the longest leading shape its leaves share, at most this many dims (a
+  // stacked ensemble's [5] from a safetensors file). Unset: the format's own,
+  // [] for torch.save and safetensors files, meta.json's for memmap directories.
+  std::optional<std::size_t> batch_dims{};
 };
 
 }  // namespace tensordict

@@ -16,7 +16,8 @@
 // (an "epoch": 3) throw file_error naming their key, or are left out with
 // load_options::skip_non_tensors. The legacy (non-zip) format and TorchScript
 // archives are refused with file_error. Tensors load on the CPU, by default
-// pointing into a private mapping of the file (file_options.hpp).
+// into memory of their own (load_memory::owned; file_options.hpp says what
+// load_memory::mapped promises).
 #pragma once
 
 #include <algorithm>
@@ -133,7 +134,7 @@ inline void write_torch_save(const AnyTensorDict& td, std::ostream& out) {
 
 inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_path& path,
                  std::unordered_map<std::string, at::Tensor>& storages, const std::shared_ptr<const mapped_file>& file,
-                 const load_options& options) {
+                 const load_options& options, load_memory memory) {
   for (const auto& e : dict.entries) {
     path.push_back(e.key);
     if (e.tensor) {
@@ -143,7 +144,7 @@ inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_p
       if (!base.defined())
         base = tensor_over(file, t.storage_bytes.substr(0, t.storage_bytes.size() / archive::storage_types[t.storage_type].element_size *
                                                                archive::storage_types[t.storage_type].element_size),
-                           dtype, options.memory);
+                           dtype, memory);
       else if (base.scalar_type() != dtype)
         throw file_error(to_string(path) + ": its storage \"" + t.storage_key + "\" is read as two dtypes");
       at::Tensor tensor = base.as_strided(t.sizes, t.strides, t.offset);
@@ -153,7 +154,7 @@ inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_p
       if (e.dict->entries.empty())
         out.set(path, AnyTensorDict(out.batch_size()));
       else
-        fill(out, *e.dict, path, storages, file, options);
+        fill(out, *e.dict, path, storages, file, options, memory);
     } else if (!options.skip_non_tensors) {
       throw file_error(to_string(path) + " holds a Python " + e.other +
                        ", not a tensor; load with load_options{.skip_non_tensors = true} to leave such values out");
@@ -162,14 +163,16 @@ inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_p
   }
 }
 
+// `file`: the mapping that `bytes` views, for mapped loads; null where the bytes are in memory.
 inline AnyTensorDict load_parsed(std::string_view bytes, const std::shared_ptr<const mapped_file>& file, const load_options& options) {
-  const bool mapped = file && options.memory == load_memory::mapped;
+  const load_memory memory = file ? load_memory::mapped : load_memory::owned;
+  const bool mapped = memory == load_memory::mapped;
   const auto root = archive::parse(bytes, mapped && !options.verify_checksums ? archive::checksums::metadata : archive::checksums::all);
   AnyTensorDict out;
   any_key_path path;
   std::unordered_map<std::string, at::Tensor> storages;
-  fill(out, *root, path, storages, file, options);
-  return out;
+  fill(out, *root, path, storages, file, options, memory);
+  return with_loaded_batch(std::move(out), options);
 }
 
 }  // namespace detail
@@ -201,7 +204,13 @@ inline AnyTensorDict load_from_string(std::string_view bytes, const load_options
   return detail::load_parsed(bytes, nullptr, options);
 }
 
+// Owned (the default) reads the file into memory and copies the tensors out
+// of it; mapped points them into a mapping of the file (file_options.hpp).
 inline AnyTensorDict load(const std::string& path, const load_options& options = {}) {
+  if (options.memory.value_or(load_memory::owned) == load_memory::owned) {
+    const std::string bytes = detail::read_file(path, "tensordict::load");
+    return detail::naming_the_file("tensordict::load", path, [&] { return detail::load_parsed(bytes, nullptr, options); });
+  }
   const auto file = detail::mapped_file::open(path, "tensordict::load");
   return detail::naming_the_file("tensordict::load", path, [&] { return detail::load_parsed(file->bytes(), file, options); });
 }
@@ -210,14 +219,14 @@ inline AnyTensorDict load(const std::string& path, const load_options& options =
 // is unflattened first); unset leaves stay unset.
 template <schema_type S>
 TensorDict<S> load(const std::string& path, const load_options& options = {}) {
-  return detail::typed_from_file<S>(load(path, options));
+  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file<S>(load(path, options)); });
 }
 
 // As load<S>, and the keys, shapes and dtypes must be those of `like`
 // (from_module(net) for a checkpoint of net); one error lists every difference.
 template <schema_type S>
 TensorDict<S> load(const std::string& path, const TensorDict<S>& like, const load_options& options = {}) {
-  return detail::typed_from_file(load(path, options), like);
+  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file(load(path, options), like); });
 }
 
 }  // namespace tensordict

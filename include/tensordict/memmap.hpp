@@ -8,11 +8,12 @@
 // The layout is tensordict 0.4's (detail/memmap_format.hpp): a meta.json per
 // nested level and one raw <key>.memmap file per leaf. Every file's size must
 // be what meta.json says. Tensors load on the CPU, by default each pointing
-// into a private mapping of its file (file_options.hpp); the TensorDict's
+// into a private mapping of its file (load_memory::mapped: file_options.hpp
+// says what it promises; load_memory::owned copies); the TensorDict's
 // device is the CPU when meta.json names one. Entries that are not tensors or
 // TensorDicts (NonTensorData) throw file_error, or are left out with
 // load_options::skip_non_tensors. save writes into a folder beside `dir` and
-// renames it into place, so `dir` is either the old or the new one whole.
+// puts it in place in one step, so `dir` is either the old or the new one whole.
 // Keys must be usable as file names (no "/", not "." or "..") and not
 // "shape", "device" or "_type", which meta.json uses itself.
 #pragma once
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -56,12 +58,16 @@ inline void load_memmap_level(AnyTensorDict& out, const std::filesystem::path& d
     if (e.type == memmap::entry::kind::leaf) {
       const std::string file_path = (dir / (e.name + ".memmap")).string();
       const at::ScalarType dtype = checked_scalar_type(*e.dtype, to_string(path));
-      const auto file = mapped_file::open(file_path, "");
-      if (file->size() != e.bytes)
-        throw file_error(file_path + " has " + std::to_string(file->size()) + " bytes; " + where + " says " +
+      // Owned: read without a mapping (nothing done to the file later reaches the tensor).
+      const bool mapped = options.memory.value_or(load_memory::mapped) == load_memory::mapped;
+      const auto file = mapped ? mapped_file::open(file_path, "") : nullptr;
+      const std::string owned = mapped ? std::string() : read_file(file_path, "");
+      const std::string_view bytes = mapped ? file->bytes() : std::string_view(owned);
+      if (bytes.size() != e.bytes)
+        throw file_error(file_path + " has " + std::to_string(bytes.size()) + " bytes; " + where + " says " +
                          std::string(e.dtype->torch_name) + " of shape " + c10::str(c10::IntArrayRef(e.shape)) + ", " +
                          std::to_string(e.bytes) + " bytes");
-      out.set(path, tensor_over(file, file->bytes(), dtype, options.memory).view(e.shape));
+      out.set(path, tensor_over(file, bytes, dtype, mapped ? load_memory::mapped : load_memory::owned).view(e.shape));
     } else if (e.type == memmap::entry::kind::nested) {
       const auto sub = dir / e.name;
       std::error_code ec;
@@ -77,39 +83,48 @@ inline void load_memmap_level(AnyTensorDict& out, const std::filesystem::path& d
   }
 }
 
-inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::path& dir, any_key_path& path,
-                              const nlohmann::ordered_json& batch, const nlohmann::ordered_json& device) {
-  std::filesystem::create_directory(dir);
-  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+// Every key and leaf a memmap directory can hold, checked before anything is written.
+inline void check_memmap_savable(const AnyTensorDict& td, any_key_path& path) {
   for (const std::string& name : td.level_keys()) {
     path.push_back(name);
     if (!memmap::usable_key(name) || memmap::reserved_key(name))
       throw file_error(to_string(path) + ": a memmap directory cannot hold this key (it must be usable as a file name, and "
                        "not \"shape\", \"device\" or \"_type\")");
+    if (!valid_utf8(name)) throw file_error(to_string(path) + ": the key is not valid UTF-8, which meta.json needs");
     if (td.is_leaf({name})) {
       const at::Tensor& t = td.get({name});
-      const file_dtype* dtype = file_dtype_of(t.scalar_type());
-      check_writable(t, path, dtype != nullptr, "memmap files");
-      const at::Tensor bytes = file_contiguous(t);
-      const std::string file = (dir / (name + ".memmap")).string();
-      std::ofstream out(file, std::ios::binary | std::ios::trunc);
-      out.write(static_cast<const char*>(bytes.data_ptr()), static_cast<std::streamsize>(bytes.nbytes()));
-      if (!out.flush()) throw file_error("tensordict::save_memmap: writing " + file + " failed (disk full?)");
-      meta[name] = {{"device", t.device().str()},
-                    {"shape", std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end())},
-                    {"dtype", dtype->torch_name}};
+      check_writable(t, path, file_dtype_of(t.scalar_type()) != nullptr, "memmap files");
     } else {
-      save_memmap_level(td.get_tensordict({name}), dir / name, path, batch, device);
-      meta[name] = {{"type", "TensorDict"}};
+      check_memmap_savable(td.get_tensordict({name}), path);
     }
     path.pop_back();
+  }
+}
+
+inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::path& dir, const nlohmann::ordered_json& batch,
+                              const nlohmann::ordered_json& device) {
+  std::error_code ec;
+  if (!std::filesystem::create_directory(dir, ec) || ec)
+    throw file_error("cannot create the directory " + dir.string() + ": " + (ec ? ec.message() : "it exists"));
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  for (const std::string& name : td.level_keys()) {
+    if (td.is_leaf({name})) {
+      const at::Tensor& t = td.get({name});
+      const at::Tensor bytes = file_contiguous(t);
+      write_new_file(dir / (name + ".memmap"), static_cast<const char*>(bytes.data_ptr()), bytes.nbytes(), "");
+      meta[name] = {{"device", t.device().str()},
+                    {"shape", std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end())},
+                    {"dtype", file_dtype_of(t.scalar_type())->torch_name}};
+    } else {
+      save_memmap_level(td.get_tensordict({name}), dir / name, batch, device);
+      meta[name] = {{"type", "TensorDict"}};
+    }
   }
   meta["shape"] = batch;
   meta["device"] = device;
   meta["_type"] = memmap::tensordict_type;
-  std::ofstream out(dir / "meta.json", std::ios::trunc);
-  out << meta.dump();
-  if (!out.flush()) throw file_error("tensordict::save_memmap: writing " + (dir / "meta.json").string() + " failed");
+  const std::string text = meta.dump();
+  write_new_file(dir / "meta.json", text.data(), text.size(), "");
 }
 
 }  // namespace detail
@@ -124,51 +139,72 @@ inline AnyTensorDict load_memmap(const std::string& dir, const load_options& opt
     AnyTensorDict out(level.batch_size, device);
     any_key_path path;
     detail::load_memmap_level(out, dir, level, path, options);
-    return out;
+    return detail::with_loaded_batch(std::move(out), options);
   });
 }
 
+// Writes into a directory of its own beside `dir` and puts it in place in
+// one step (detail::replace_directory), so `dir` is the old or the new one
+// whole. Keys and dtypes are checked before anything is written; a failed
+// save removes what it created (folders above `dir` included) and throws
+// file_error naming `dir` and the reason. A TensorDict without a device
+// writes the device "None", which Python tensordict reads back as none.
 inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string where = "tensordict::save_memmap(\"" + dir + "\"): ";
-  fs::path target = fs::path(dir).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();  // "out/params/"
-  const fs::path partial = target.string() + ".tensordict-partial", old = target.string() + ".tensordict-old";
+  if (dir.empty()) throw file_error(where + "the path is empty");
+  fs::path normal = fs::path(dir).lexically_normal();
+  if (!normal.has_filename()) normal = normal.parent_path();  // "out/params/"
+  const std::string name = normal.filename().string();
+  if (normal.empty() || name == "." || name == "..")
+    throw file_error(where + "it names the current or a parent directory; give the TensorDict a directory of its own "
+                     "(\"out/params\")");
+  const fs::path target = detail::write_target(normal.string(), where);
   std::error_code ec;
-  fs::remove_all(partial, ec);
-  nlohmann::ordered_json device = nullptr;
-  if (td.device()) device = td.device()->str();
+  if (fs::exists(fs::symlink_status(target, ec)) && !fs::is_directory(target, ec))
+    throw file_error(where + "it exists and is not a directory");
   any_key_path path;
   try {
-    if (target.has_parent_path()) fs::create_directories(target.parent_path());
-    detail::save_memmap_level(td, partial, path, td.batch_size().vec(), device);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(partial, ec);
-    throw file_error(where + e.what());
+    detail::check_memmap_savable(td, path);
   } catch (const file_error& e) {
-    fs::remove_all(partial, ec);
     throw file_error(where + e.what());
   }
+
+  fs::path created;  // the outermost folder above `dir` that this save creates
+  for (fs::path p = target.parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) created = p;
+  const fs::path partial = detail::unique_beside(target, "tensordict-partial");
+  auto undo = [&] {
+    fs::remove_all(partial, ec);
+    if (!created.empty()) fs::remove_all(created, ec);
+  };
   try {
-    fs::remove_all(old, ec);
-    if (fs::exists(target)) fs::rename(target, old);
-    fs::rename(partial, target);
-    fs::remove_all(old, ec);
+    if (!created.empty()) fs::create_directories(target.parent_path());
+    const nlohmann::ordered_json device = td.device() ? td.device()->str() : "None";
+    detail::save_memmap_level(td, partial, td.batch_size().vec(), device);
+    detail::replace_directory(partial, target, where);
   } catch (const fs::filesystem_error& e) {
-    throw file_error(where + "cannot put the directory in place: " + e.what());
+    undo();
+    throw file_error(where + e.what());
+  } catch (const file_error& e) {
+    undo();
+    if (std::string_view(e.what()).substr(0, where.size()) == where) throw;
+    throw file_error(where + e.what());
+  } catch (...) {
+    undo();
+    throw;
   }
 }
 
 // Into a typed TensorDict: every key must be a leaf of S; unset leaves stay unset.
 template <schema_type S>
 TensorDict<S> load_memmap(const std::string& dir, const load_options& options = {}) {
-  return detail::typed_from_file<S>(load_memmap(dir, options));
+  return detail::naming_the_file("tensordict::load_memmap", dir, [&] { return detail::typed_from_file<S>(load_memmap(dir, options)); });
 }
 
 // As load_memmap<S>, and the keys, shapes and dtypes must be those of `like`.
 template <schema_type S>
 TensorDict<S> load_memmap(const std::string& dir, const TensorDict<S>& like, const load_options& options = {}) {
-  return detail::typed_from_file(load_memmap(dir, options), like);
+  return detail::naming_the_file("tensordict::load_memmap", dir, [&] { return detail::typed_from_file(load_memmap(dir, options), like); });
 }
 
 }  // namespace tensordict

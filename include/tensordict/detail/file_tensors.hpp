@@ -94,6 +94,12 @@ inline void check_writable(const at::Tensor& t, const any_key_path& path, bool f
 // The bytes of a tensor as a file holds them: contiguous, on the CPU.
 inline at::Tensor file_contiguous(const at::Tensor& t) { return t.detach().to(at::kCPU).contiguous(); }
 
+// A loaded TensorDict with the batch size load_options::batch_dims asks for.
+inline AnyTensorDict with_loaded_batch(AnyTensorDict td, const load_options& options) {
+  if (options.batch_dims) td.auto_batch_size_(*options.batch_dims);
+  return td;
+}
+
 // A state_dict() names leaves "0.weight"; a nested schema wants them as a tree.
 template <schema_type S>
 AnyTensorDict shaped_for(const AnyTensorDict& any) {
@@ -115,15 +121,27 @@ TensorDict<S> typed_from_file(const AnyTensorDict& any, const TensorDict<S>& lik
   return shaped_for<S>(any).to_typed(like);
 }
 
-// Runs f; a file_error without `verb("path")` in front gets it.
+// Runs f; a tensordict error without `verb("path")` in front gets it, and
+// keeps its type (a typed load's shape_error names the file it read).
 template <class F>
 decltype(auto) naming_the_file(const char* verb, const std::string& path, F&& f) {
+  const std::string prefix = std::string(verb) + "(\"" + path + "\")";
+  auto named = [&](const error& e) { return prefix + ": " + e.what(); };
+  auto has_it = [&](const error& e) { return std::string_view(e.what()).substr(0, prefix.size()) == prefix; };
   try {
     return f();
   } catch (const file_error& e) {
-    const std::string prefix = std::string(verb) + "(\"" + path + "\")";
-    if (std::string_view(e.what()).substr(0, prefix.size()) == prefix) throw;
-    throw file_error(prefix + ": " + e.what());
+    if (has_it(e)) throw;
+    throw file_error(named(e));
+  } catch (const key_error& e) {
+    if (has_it(e)) throw;
+    throw key_error(named(e));
+  } catch (const shape_error& e) {
+    if (has_it(e)) throw;
+    throw shape_error(named(e));
+  } catch (const dtype_error& e) {
+    if (has_it(e)) throw;
+    throw dtype_error(named(e));
   }
 }
 
