@@ -197,8 +197,14 @@ TEST_CASE("AnyTensorDict: index, unbind, expand, stack, cat", "[any_tensordict]"
   auto other = make_mlp({3});
   other.erase("2", "bias");
   CHECK_THROWS_WITH(stack({parts[0], other}), Contains("(\"2\", \"bias\") is in TensorDict 0 but not in TensorDict 1"));
-  auto wrong_dtype = parts[1].to(at::kDouble);
-  CHECK_THROWS_AS(stack({parts[0], wrong_dtype}), dtype_error);
+  // Leaves of other dtypes promote, as torch.stack and torch.cat (bool and int64 give int64).
+  const auto promoted = stack({parts[0], parts[1].to(at::kDouble)});
+  CHECK(promoted.get("0", "weight").scalar_type() == at::kDouble);
+  AnyTensorDict flags({2}), counts({2});
+  flags.set("x", at::tensor({1, 0}).to(at::kBool));
+  counts.set("x", at::tensor({int64_t{3}, int64_t{4}}));
+  CHECK(cat({flags, counts}).get("x").equal(at::tensor({int64_t{1}, int64_t{0}, int64_t{3}, int64_t{4}})));
+  CHECK(stack({flags, counts}).get("x").scalar_type() == at::kLong);
 
   auto joined = cat({td, td}, 0);
   CHECK(joined.batch_size() == c10::IntArrayRef{6, 2});

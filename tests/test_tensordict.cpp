@@ -425,12 +425,19 @@ TEMPLATE_TEST_CASE("element-wise verbs, arithmetic and reductions keep the keys"
   auto norms = td.to(at::kFloat).norm();  // libtorch has no norm of integers
   CHECK(norms.batch_size().empty());
   CHECK(norms.values()[0].allclose(a.norm()));
+  // Without a dim, every leaf to a scalar as Python's td.sum(); over a list of batch dims, the batch only.
   CHECK(td.sum().batch_size().empty());
-  CHECK(td.sum().values()[0].equal(a.sum(std::vector<std::int64_t>{0, 1})));
+  CHECK(td.sum().values()[0].equal(a.sum()));
+  CHECK(td.sum().values()[0].dim() == 0);
+  CHECK(td.to(at::kFloat).mean().values()[1].allclose(b.to(at::kFloat).mean()));
+  CHECK(td.max().values()[1].equal(b.max()));
+  CHECK(td.sum({0, 1}).values()[0].equal(a.sum(std::vector<std::int64_t>{0, 1})));
+  CHECK(td.sum({-1, 0}, true).batch_size() == c10::IntArrayRef{1, 1});
+  CHECK_THROWS_AS(td.sum({0, 0}), index_error);
   CHECK(td.sum(1).values()[1].equal(b.sum(1)));
   CHECK(td.to(at::kFloat).mean(0, true).batch_size() == c10::IntArrayRef{1, 3});
   CHECK(td.max(1).values()[1].equal(b.amax(1)));
-  CHECK(td.min().values()[0].equal(a.amin(std::vector<std::int64_t>{0, 1})));
+  CHECK(td.min({0, 1}).values()[0].equal(a.amin(std::vector<std::int64_t>{0, 1})));
 
   // In place: the same tensors, new values; a failed call writes nothing.
   auto copy = td.clone();
@@ -455,6 +462,13 @@ TEMPLATE_TEST_CASE("element-wise verbs, arithmetic and reductions keep the keys"
   CHECK(chosen.values()[1][0].equal(b[0]));
   CHECK(chosen.values()[1][1].equal(b[1] * 10));
   CHECK(td.where(mask, 7).values()[0][1].eq(7).all().template item<bool>());
+  // Scalars and leaves of other dtypes promote as torch.where does: int64 with 0.5 gives float32.
+  const auto half = td.where(mask, 0.5);
+  CHECK(half.values()[1].scalar_type() == at::kFloat);
+  CHECK(half.values()[1][1].eq(0.5).all().template item<bool>());
+  CHECK(half.values()[1][0].equal(b[0].to(at::kFloat)));
+  CHECK(td.where(mask, td.to(at::kDouble)).values()[1].scalar_type() == at::kDouble);
+  CHECK((0.5 - td).values()[1].equal(0.5 - b.to(at::kFloat)));  // float32, as Python's 0.5 - td
   CHECK_THROWS_WITH(td.masked_fill_(at::tensor({1, 0, 1}).to(at::kBool), 0), Contains("is not batch_size=[2,3]"));
 
   auto padded = pad(td, {1, 0, 0, 2}, 9);
@@ -508,7 +522,8 @@ TEMPLATE_TEST_CASE("apply over several TensorDicts, named_apply, set_ and cat", 
   CHECK(joined.values()[0].equal(at::cat({a, a.narrow(0, 0, 1)})));
   CHECK(cat({td, td}, -1).values()[1].equal(at::cat({b, b}, 1)));
   CHECK_THROWS_WITH(cat({td, td.unsqueeze(0)}, 0), Contains("has batch_size=[1,2,3]"));
-  CHECK_THROWS_WITH(cat({td, td.to(at::kDouble)}, 0), Contains("the leaf \"a\" is f32[2,3,4] in TensorDict 0 but f64[2,3,4] in TensorDict 1"));
+  CHECK(cat({td, td.to(at::kDouble)}, 0).values()[0].scalar_type() == at::kDouble);  // promoted, as torch.cat
+  CHECK(stack({td, td.to(at::kDouble)}).values()[0].scalar_type() == at::kDouble);
   CHECK_THROWS_AS(cat({td, td}, 2), index_error);
 }
 
@@ -663,6 +678,26 @@ TEST_CASE("to_dict and from_dict, flat, ordered and nested, both ways", "[tensor
   CHECK(from_dict(flat, std::vector<std::int64_t>{}).batch_size().empty());
   CHECK(from_dict(sd, std::vector<std::int64_t>{2}).keys() == AnyTensorDict(td).keys());
   CHECK(from_dict(nested).get("2", "bias").is_same(td.get<"2", "bias">()));
+  // Python's batch-size setters: td.batch_size = [...] (checked) and auto_batch_size_.
+  auto resized = from_dict(flat, std::vector<std::int64_t>{});
+  resized.set_batch_size({2});
+  CHECK(resized.batch_size() == c10::IntArrayRef{2});
+  CHECK(resized.get("0", "weight").is_same(td.get<"0", "weight">()));
+  CHECK_THROWS_WITH(resized.set_batch_size({3}), Contains("leading dims must be the batch size [3]"));
+  CHECK(resized.batch_size() == c10::IntArrayRef{2});  // unchanged by the failed call
+  CHECK(resized.set_batch_size({}).auto_batch_size_().batch_size() == c10::IntArrayRef{2});
+  auto typed_resized = td;
+  CHECK(typed_resized.set_batch_size({}).batch_size().empty());
+  CHECK(typed_resized.auto_batch_size_(1).batch_size() == c10::IntArrayRef{2});
+  CHECK(td.batch_size() == c10::IntArrayRef{2});
+
+  // An empty sub-TensorDict (a ReLU's params) stays, as Python keeps it.
+  AnyTensorDict with_empty({2});
+  with_empty.set("0", "weight", at::ones({2, 3}));
+  with_empty.set("1", AnyTensorDict({2}));
+  const auto round_trip = from_dict(to_nested_dict(with_empty));
+  CHECK(round_trip.keys(true, false) == with_empty.keys(true, false));
+  CHECK(round_trip.get_tensordict("1").empty());
   auto typed = from_dict<mlp>(sd);
   CHECK(impl(typed.get<"0", "bias">()) == impl(td.get<"0", "bias">()));
   flat.erase("0.bias");

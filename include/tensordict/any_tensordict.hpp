@@ -901,15 +901,12 @@ AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op,
   const AnyTensorDict& first = tds[0];
   std::vector<at::Tensor> parts(tds.size());
   AnyTensorDict out(batch, first.device());
-  first.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+  first.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
     for (std::size_t k = 0; k < tds.size(); ++k) {
       if (!tds[k].contains(path) || !tds[k].is_leaf(path))
         throw key_error(std::string(op) + ": the leaf " + to_string(path) + " is in TensorDict 0 but not in TensorDict " +
                         std::to_string(k));
-      parts[k] = tds[k].get(path);
-      if (parts[k].scalar_type() != t.scalar_type())
-        throw dtype_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) + " in TensorDict 0 but " +
-                          describe(parts[k]) + " in TensorDict " + std::to_string(k));
+      parts[k] = tds[k].get(path);  // dtypes may differ: at::cat and at::stack promote, as torch.cat does
     }
     out.set(path, join(path, parts));
   });

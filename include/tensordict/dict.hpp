@@ -67,21 +67,6 @@ inline nested_dict to_nested_dict(const AnyTensorDict& td) {
 
 namespace detail {
 
-// Python's automatic batch size: the longest leading shape that every leaf shares.
-inline std::vector<std::int64_t> common_leading_shape(const AnyTensorDict& td) {
-  std::optional<std::vector<std::int64_t>> common;
-  td.for_each_leaf([&](const any_key_path&, const at::Tensor& t) {
-    if (!common) {
-      common = t.sizes().vec();
-      return;
-    }
-    std::size_t n = 0;
-    while (n < common->size() && n < static_cast<std::size_t>(t.dim()) && (*common)[n] == t.size(n)) ++n;
-    common->resize(n);
-  });
-  return common.value_or(std::vector<std::int64_t>{});
-}
-
 // A TensorDict of the leaves in `leaves` (batch size [] for now), keys split at `separator`.
 template <class Leaves>
 AnyTensorDict from_flat(const Leaves& leaves, std::string_view separator, const char* op) {
@@ -103,15 +88,17 @@ inline void add_nested(AnyTensorDict& out, const nested_dict& from, any_key_path
   for (const auto& [key, sub] : from.dicts) {
     path.push_back(key);
     if (from.tensors.count(key)) throw key_error("tensordict::from_dict: the key " + to_string(path) + " is both a tensor and a dict");
-    add_nested(out, sub, path);
+    if (sub.tensors.empty() && sub.dicts.empty())
+      out.set(path, AnyTensorDict());  // an empty sub-TensorDict stays, as in Python
+    else
+      add_nested(out, sub, path);
     path.pop_back();
   }
 }
 
 // `td` with batch size `batch` (every leaf checked), or Python's inferred one.
-inline AnyTensorDict with_batch_size(const AnyTensorDict& td, const std::optional<std::vector<std::int64_t>>& batch) {
-  const std::vector<std::int64_t> size = batch ? *batch : common_leading_shape(td);
-  return td.apply([](const at::Tensor& t) { return t; }, size);
+inline AnyTensorDict with_batch_size(AnyTensorDict td, const std::optional<std::vector<std::int64_t>>& batch) {
+  return batch ? td.set_batch_size(*batch) : td.auto_batch_size_();
 }
 
 inline std::optional<std::vector<std::int64_t>> batch_arg(std::optional<c10::IntArrayRef> batch) {

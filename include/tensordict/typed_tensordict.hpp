@@ -555,7 +555,7 @@ TensorDict<S> stack(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
     for (std::size_t k = 1; k < tds.size(); ++k) {
       const at::Tensor& a = first.leaf(i);
       const at::Tensor& b = tds[k].leaf(i);
-      if (a.defined() != b.defined() || (a.defined() && (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type())))
+      if (a.defined() != b.defined() || (a.defined() && a.sizes() != b.sizes()))  // dtypes promote, as torch.stack
         throw shape_error("tensordict::stack: the leaf " + to_string(leaf_path<S>(i)) + " is " + describe(a) +
                           " in TensorDict 0 but " + describe(b) + " in TensorDict " + std::to_string(k));
     }
@@ -599,7 +599,7 @@ std::vector<std::int64_t> cat_batch_size(const TDs& tds, std::int64_t& dim) {
 // One leaf's parts, concatenated along batch dim `dim` (only that dim may differ).
 inline at::Tensor cat_leaf(const std::vector<at::Tensor>& parts, std::int64_t dim, const std::string& path) {
   for (std::size_t k = 1; k < parts.size(); ++k) {
-    bool fits = parts[k].dim() == parts[0].dim() && parts[k].scalar_type() == parts[0].scalar_type();
+    bool fits = parts[k].dim() == parts[0].dim();  // dtypes promote, as torch.cat
     for (std::int64_t d = 0; fits && d < parts[0].dim(); ++d) fits = d == dim || parts[k].size(d) == parts[0].size(d);
     if (!fits)
       throw shape_error("tensordict::cat: the leaf " + path + " is " + describe(parts[0]) + " in TensorDict 0 but " +

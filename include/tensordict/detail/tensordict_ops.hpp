@@ -11,16 +11,20 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <numeric>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/TensorIndexing.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/result_type.h>
+#include <ATen/ops/rsub.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 
@@ -125,6 +129,35 @@ class tensordict_ops {
         if (results[i].defined() && !results[i].is_same(stored[i])) stored[i].copy_(results[i]);
     }
     return static_cast<Derived&>(*this);
+  }
+
+  // Python's td.batch_size = batch: the same leaves under a new batch size,
+  // each of which must start with it (shape_error naming the leaf otherwise;
+  // this TensorDict is then unchanged). Batch dim names are dropped where the
+  // batch size changes. Other handles of this TensorDict keep their batch size.
+  Derived& set_batch_size(c10::IntArrayRef batch) {
+    Derived resized = self().apply([](const at::Tensor& t) { return t; }, batch);
+    static_cast<Derived&>(*this) = std::move(resized);
+    return static_cast<Derived&>(*this);
+  }
+
+  // Python's td.auto_batch_size_(batch_dims): the batch size becomes the
+  // longest leading shape that every leaf shares, at most batch_dims long.
+  Derived& auto_batch_size_(std::optional<std::size_t> batch_dims = std::nullopt) {
+    std::optional<std::vector<std::int64_t>> common;
+    for (const at::Tensor& t : self().values()) {
+      if (!t.defined()) continue;
+      if (!common) {
+        common = t.sizes().vec();
+        continue;
+      }
+      std::size_t n = 0;
+      while (n < common->size() && n < static_cast<std::size_t>(t.dim()) && (*common)[n] == t.size(n)) ++n;
+      common->resize(n);
+    }
+    std::vector<std::int64_t> batch = common.value_or(self().batch_size().vec());
+    if (batch_dims && batch.size() > *batch_dims) batch.resize(*batch_dims);
+    return set_batch_size(batch);
   }
 
   Derived clone() const {
@@ -395,14 +428,21 @@ class tensordict_ops {
     check_batch_tensor(mask, "masked_fill");
     return self().apply([&](const at::Tensor& t) { return t.masked_fill(right_aligned(mask, t), value); });
   }
-  // Leaves of this where cond (batch-shaped) is true, else of other (the same keys) or the scalar.
+  // Leaves of this where cond (batch-shaped) is true, else of other (the same keys) or the scalar;
+  // each leaf's dtype is torch's promotion of the two (an int64 leaf and 0.5 give float32).
   Derived where(const at::Tensor& cond, const Derived& other) const {
     check_batch_tensor(cond, "where");
-    return self().compare(other, "where", [&](const at::Tensor& a, const at::Tensor& b) { return a.where(right_aligned(cond, a), b); });
+    return self().compare(other, "where", [&](const at::Tensor& a, const at::Tensor& b) {
+      const at::ScalarType type = at::result_type(a, b);
+      return a.to(type).where(right_aligned(cond, a), b.to(type));
+    });
   }
   Derived where(const at::Tensor& cond, const at::Scalar& other) const {
     check_batch_tensor(cond, "where");
-    return self().apply([&](const at::Tensor& t) { return t.where(right_aligned(cond, t), at::scalar_tensor(other, t.options())); });
+    return self().apply([&](const at::Tensor& t) {
+      const at::ScalarType type = at::result_type(t, other);
+      return t.to(type).where(right_aligned(cond, t), at::scalar_tensor(other, t.options().dtype(type)));
+    });
   }
 
   // Leaf-wise arithmetic with a TensorDict of the same keys and batch size, or a scalar.
@@ -417,7 +457,7 @@ class tensordict_ops {
   friend Derived operator+(const at::Scalar& s, const Derived& td) { return td + s; }
   friend Derived operator*(const at::Scalar& s, const Derived& td) { return td * s; }
   friend Derived operator-(const at::Scalar& s, const Derived& td) {
-    return td.apply([&](const at::Tensor& t) { return at::scalar_tensor(s, t.options()).sub(t); });
+    return td.apply([&](const at::Tensor& t) { return at::rsub(t, s); });  // promotes as s - t does in Python
   }
   Derived operator-() const { return neg(); }
 
@@ -448,30 +488,44 @@ class tensordict_ops {
     return self().apply([](const at::Tensor& t) { return t.norm(); }, std::vector<std::int64_t>{});
   }
 
-  // Reductions over one batch dim, or over all of them: leaves keep their own dims.
+  // Reductions as Python's: without a dim, every leaf to a scalar (batch_size
+  // []); over one batch dim, or a list of them (all batch dims: the batch
+  // reduced, each leaf keeping its own dims), with keepdim.
   Derived sum() const {
-    return reduced_all([](const at::Tensor& t, std::int64_t d) { return t.sum(d); });
+    return self().apply([](const at::Tensor& t) { return t.sum(); }, std::vector<std::int64_t>{});
   }
   Derived sum(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "sum", [](const at::Tensor& t, std::int64_t d, bool k) { return t.sum(d, k); });
   }
+  Derived sum(c10::IntArrayRef dims, bool keepdim = false) const {
+    return reduced(dims, keepdim, "sum", [](const at::Tensor& t, std::int64_t d, bool k) { return t.sum(d, k); });
+  }
   Derived mean() const {
-    return reduced_all([](const at::Tensor& t, std::int64_t d) { return t.mean(d); });
+    return self().apply([](const at::Tensor& t) { return t.mean(); }, std::vector<std::int64_t>{});
   }
   Derived mean(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "mean", [](const at::Tensor& t, std::int64_t d, bool k) { return t.mean(d, k); });
   }
+  Derived mean(c10::IntArrayRef dims, bool keepdim = false) const {
+    return reduced(dims, keepdim, "mean", [](const at::Tensor& t, std::int64_t d, bool k) { return t.mean(d, k); });
+  }
   Derived max() const {
-    return reduced_all([](const at::Tensor& t, std::int64_t d) { return t.amax(d); });
+    return self().apply([](const at::Tensor& t) { return t.max(); }, std::vector<std::int64_t>{});
   }
   Derived max(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "max", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amax(d, k); });
   }
+  Derived max(c10::IntArrayRef dims, bool keepdim = false) const {
+    return reduced(dims, keepdim, "max", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amax(d, k); });
+  }
   Derived min() const {
-    return reduced_all([](const at::Tensor& t, std::int64_t d) { return t.amin(d); });
+    return self().apply([](const at::Tensor& t) { return t.min(); }, std::vector<std::int64_t>{});
   }
   Derived min(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "min", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amin(d, k); });
+  }
+  Derived min(c10::IntArrayRef dims, bool keepdim = false) const {
+    return reduced(dims, keepdim, "min", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amin(d, k); });
   }
 
  protected:
@@ -567,24 +621,30 @@ class tensordict_ops {
     return static_cast<Derived&>(*this);
   }
   // The batch dims reduced one by one, the last first, so that each index still names its dim.
+  // f(leaf, d, keepdim) over the batch dims `dims` (each once), the last first.
   template <class F>
-  Derived reduced_all(F&& f) const {
-    const auto nb = static_cast<std::int64_t>(self().batch_size().size());
+  Derived reduced(c10::IntArrayRef dims, bool keepdim, const char* op, F&& f) const {
+    std::vector<std::int64_t> ds;
+    for (auto d : dims) ds.push_back(batch_dim(d, op));
+    std::sort(ds.begin(), ds.end(), std::greater<>());
+    if (std::adjacent_find(ds.begin(), ds.end()) != ds.end())
+      throw index_error(std::string("TensorDict.") + op + ": the dims " + format_sizes(dims) + " name one dim twice");
+    std::vector<std::int64_t> target = self().batch_size().vec();
+    for (auto d : ds) {
+      if (keepdim) target[d] = 1;
+      else target.erase(target.begin() + d);
+    }
     return self().apply(
         [&](const at::Tensor& t) {
           at::Tensor r = t;
-          for (auto d = nb - 1; d >= 0; --d) r = f(r, d);
+          for (auto d : ds) r = f(r, d, keepdim);
           return r;
         },
-        std::vector<std::int64_t>{});
+        target);
   }
   template <class F>
   Derived reduced(std::int64_t dim, bool keepdim, const char* op, F&& f) const {
-    const std::int64_t d = batch_dim(dim, op);
-    std::vector<std::int64_t> target = self().batch_size().vec();
-    if (keepdim) target[d] = 1;
-    else target.erase(target.begin() + d);
-    return self().apply([&](const at::Tensor& t) { return f(t, d, keepdim); }, target);
+    return reduced(c10::IntArrayRef(dim), keepdim, op, std::forward<F>(f));
   }
 
  private:
