@@ -91,6 +91,10 @@ static_assert(std::is_same_v<tdn::schema_of<torch::nn::ReLUImpl>, schema<>>);
 static_assert(std::is_same_v<tdn::schema_of<torch::nn::DropoutImpl>, schema<>>);
 static_assert(std::is_same_v<tdn::schema_of<mlp_t::Impl>, schema<field<"0", linear_schema>, field<"2", linear_schema>>>);
 static_assert(std::is_same_v<tdn::schema_of<ScaledNetImpl>, schema<field<"fc", linear_schema>, leaf<"scale">>>);
+// A holder names the schema of the module it holds, as its Impl does.
+static_assert(std::is_same_v<tdn::schema_of<mlp_t>, tdn::schema_of<mlp_t::Impl>>);
+static_assert(std::is_same_v<tdn::schema_of<torch::nn::Linear>, linear_schema>);
+static_assert(std::is_same_v<tdn::schema_of<std::shared_ptr<torch::nn::LinearImpl>>, linear_schema>);
 
 TEST_CASE("the typed Sequential registers its children as Python's nn.Sequential", "[functional]") {
   auto net = make_mlp();

@@ -51,6 +51,26 @@ TEST_CASE("named_parameters give the reference's dotted names", "[params]") {
                        0) == 0);
 }
 
+TEST_CASE("unique_parameters lists a tied weight once, so an optimizer steps it once", "[params]") {
+  auto net = make_mlp();
+  auto shared = from_module(net).detach().clone();
+  struct Two : torch::nn::Module {
+    Two(const TensorDict<mlp_schema>& td) {
+      register_module("a", tdn::make_params(td));
+      register_module("b", tdn::make_params(td));  // the same tensors again: tied
+    }
+  } two(shared);
+  CHECK(two.parameters().size() == 8);  // libtorch lists each registration
+  const auto once = tdn::unique_parameters(two);
+  REQUIRE(once.size() == 4);
+  CHECK(impl(once[0]) == impl(two.parameters()[0]));
+  const at::Tensor before = once[1].detach().clone();
+  torch::optim::SGD sgd(once, 1.0);
+  for (const auto& p : once) p.mutable_grad() = at::ones(p.sizes());
+  sgd.step();
+  CHECK(once[1].detach().equal(before - 1));  // -1, not -2
+}
+
 TEST_CASE("floating dtypes become parameters, the others buffers", "[params]") {
   using S = schema<leaf<"f16">, leaf<"f32">, leaf<"f64">, leaf<"bf16">, leaf<"i64">, leaf<"flag">, leaf<"c64">>;
   TensorDict<S> td({at::zeros({2}, at::kHalf), at::zeros({2}), at::zeros({2}, at::kDouble), at::zeros({2}, at::kBFloat16),

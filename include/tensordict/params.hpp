@@ -19,6 +19,7 @@
 #include <ostream>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -287,6 +288,20 @@ class AnyTensorDictParams : public torch::nn::ModuleHolder<AnyTensorDictParamsIm
 // The tag of the from_module / from_modules overloads that return a TensorDictParams.
 inline constexpr struct as_module_t {
 } as_module{};
+
+// Every parameter of `module` (and of its children, with recurse) once, in
+// parameters()' order: what an optimizer should be given. libtorch's
+// parameters() lists a tensor once per registration, so a weight tied
+// between two TensorDictParams (or two modules) would be stepped twice;
+// Python's module.parameters() lists it once, as this does.
+//   torch::optim::SGD sgd(tensordict::nn::unique_parameters(*holder), 0.1);
+inline std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool recurse = true) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const at::Tensor& p : module.parameters(recurse))
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
 
 namespace detail {
 // Parameter or buffer, as the module registered each leaf.

@@ -176,9 +176,28 @@ struct schema_of_impl<Impl, member_list<Members...>> {
 
 }  // namespace detail
 
-// The schema of a module type.
-template <class Impl>
-using schema_of = typename detail::schema_of_impl<Impl, typename detail::members_of_impl<Impl>::type>::type;
+// The module type behind a holder (torch::nn::Linear -> LinearImpl) or a
+// std::shared_ptr; a module type itself otherwise.
+template <class M>
+struct impl_of {
+  using type = M;
+};
+template <class M>
+  requires requires { typename M::ContainedType; }
+struct impl_of<M> {
+  using type = typename M::ContainedType;
+};
+template <class T>
+struct impl_of<std::shared_ptr<T>> {
+  using type = T;
+};
+template <class M>
+using impl_of_t = typename impl_of<std::remove_cvref_t<M>>::type;
+
+// The schema of a module type (or of the one a holder holds).
+template <class Module>
+using schema_of =
+    typename detail::schema_of_impl<impl_of_t<Module>, typename detail::members_of_impl<impl_of_t<Module>>::type>::type;
 
 namespace detail {
 template <class Impl, class Member>
@@ -255,21 +274,6 @@ inline constexpr bool is_dynamic_module_v<std::shared_ptr<T>> = is_dynamic_modul
 template <class M>
 concept dynamic_module = is_dynamic_module_v<std::remove_cvref_t<M>>;
 
-template <class M>
-struct impl_of {
-  using type = M;
-};
-template <class M>
-  requires requires { typename M::ContainedType; }
-struct impl_of<M> {
-  using type = typename M::ContainedType;
-};
-template <class T>
-struct impl_of<std::shared_ptr<T>> {
-  using type = T;
-};
-template <class M>
-using impl_of_t = typename impl_of<std::remove_cvref_t<M>>::type;
 
 
 // ---- module types whose tensors depend on their options ------------------------
