@@ -22,9 +22,6 @@
 
 namespace td = tensordict;
 
-#ifndef TENSORDICT_EXAMPLE_SPEC
-#define TENSORDICT_EXAMPLE_SPEC "examples/dynamic_model.spec"
-#endif
 
 torch::nn::Sequential build(const std::string& spec_path) {
   std::ifstream spec(spec_path);
@@ -49,7 +46,7 @@ torch::nn::Sequential build(const std::string& spec_path) {
 }
 
 int main(int argc, char** argv) try {
-  const std::string spec = argc > 1 ? argv[1] : TENSORDICT_EXAMPLE_SPEC;
+  const std::string spec = argc > 1 ? argv[1] : "examples/dynamic_model.spec";
   constexpr int members = 4;
   std::vector<torch::nn::Sequential> nets;
   for (int i = 0; i < members; ++i) {

@@ -12,9 +12,11 @@ Usage: doc_snippets.py FILE.md -- COMPILER FLAGS...
 """
 import os
 import re
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compile_cache import run as cached_run  # noqa: E402
 
 TOP = ["#include <iostream>", "#include <ATen/ops/ones.h>", "#include <ATen/ops/randn.h>",
        "#include <tensordict/tensordict.hpp>"]
@@ -65,7 +67,7 @@ def main() -> int:
         src = os.path.join(tmp, "snippets.cpp")
         with open(src, "w") as f:
             f.write(translation_unit(doc, blocks))
-        run = subprocess.run(compiler + ["-fsyntax-only", src], capture_output=True, text=True)
+        run = cached_run(compiler + ["-fsyntax-only", src], [src])
     if run.returncode != 0:
         print(f"FAIL {doc}: its C++ blocks do not compile:\n{run.stderr}")
         return 1

@@ -764,7 +764,7 @@ TEST_CASE("dynamic functional_vmap: lowered, vmapped and looped agree", "[dynami
 
 TEST_CASE("dynamic functional_vmap matches Python's functorch.vmap + functional_call", "[dynamic_modules]") {
   // tests/data/make_fixtures.py: 3 Sequential(Linear(3, 4), Tanh(), Linear(4, 2)), stacked, run on x.
-  auto file = load(std::string(TENSORDICT_TEST_DATA) + "/ensemble_parity.pt");
+  auto file = load(test::test_data("ensemble_parity.pt"));
   const AnyTensorDict stacked = file.get_tensordict("stacked").apply(
       [](const at::Tensor& t) { return t; }, {file.get("stacked", "0.weight").size(0)});  // batch_size [3]
   torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::Tanh(), torch::nn::Linear(4, 2));

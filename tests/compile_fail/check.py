@@ -11,11 +11,15 @@ Usage: check.py CASE.cpp -- COMPILER [FLAGS...]
 With TENSORDICT_COMPILE_FAIL_TWINS=0 in the environment the twin is not
 compiled (CI's second platform: the twin's code is the same there, and the
 unit tests compile the same calls; the failure and its message are checked).
+Results are cached by their inputs where TENSORDICT_CHECK_CACHE is set (tests/compile_cache.py).
 """
 import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from compile_cache import run  # noqa: E402
 
 MAX_ERRORS = 2
 
@@ -28,13 +32,13 @@ def main() -> int:
         print(f"{case}: no '// expect:' line")
         return 1
 
-    twin = subprocess.run(compiler + [case], capture_output=True, text=True) if os.environ.get(
+    twin = run(compiler + [case], [case]) if os.environ.get(
         "TENSORDICT_COMPILE_FAIL_TWINS", "1") != "0" else subprocess.CompletedProcess([], 0, "", "")
     if twin.returncode != 0:
         print(f"FAIL {case}: the must-compile twin does not compile:\n{twin.stderr}")
         return 1
 
-    bad = subprocess.run(compiler + ["-DTENSORDICT_COMPILE_FAIL", case], capture_output=True, text=True)
+    bad = run(compiler + ["-DTENSORDICT_COMPILE_FAIL", case], [case])
     diagnostics = bad.stderr
     if bad.returncode == 0:
         print(f"FAIL {case}: compiled, but must not")

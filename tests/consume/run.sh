@@ -26,8 +26,12 @@ install_library() {
 
 case $how in
   meson_subproject)
+    # The README's steps: the wrap file in subprojects/, the checkout where it
+    # names its directory (as `meson subprojects download` leaves it; here a
+    # link to this checkout, so nothing is fetched), dependency('tensordict').
     mkdir -p "$work/app/subprojects"
     cp "$here/meson/meson.build" "$here/main.cpp" "$work/app/"
+    cp "$here/meson/tensordict.wrap" "$work/app/subprojects/"
     ln -s "$src" "$work/app/subprojects/tensordict"
     subproject_option=""
     if [ -n "$torch_option" ]; then subproject_option="-Dtensordict:torch_dir=$TORCH_DIR"; fi

@@ -10,8 +10,13 @@ root=$1 build=$2 seconds=$3 clang=${4:-}
 if [ -z "$clang" ]; then echo "skipped: no clang++ (apt-get install clang-14, or clang-19 on Debian 13)"; exit 77; fi
 mkdir -p "$build/fuzz"
 target="$build/fuzz/fuzz_load"
-if ! "$clang" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$root/include" "$root/tests/fuzz/fuzz_load.cpp" -o "$target" 2>"$build/fuzz/build.log"; then
+# Compiled and linked apart, so that ccache (where installed) can keep the object.
+launcher=""
+if command -v ccache >/dev/null; then launcher=ccache; fi
+flags="-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
+# shellcheck disable=SC2086
+if ! { $launcher "$clang" $flags -I"$root/include" -c "$root/tests/fuzz/fuzz_load.cpp" -o "$target.o" &&
+    "$clang" $flags "$target.o" -o "$target"; } 2>"$build/fuzz/build.log"; then
   if grep -q "libclang_rt.fuzzer\|cannot find" "$build/fuzz/build.log"; then
     echo "skipped: no libFuzzer runtime (apt-get install libclang-rt-14-dev, or libclang-rt-19-dev)"; exit 77
   fi
