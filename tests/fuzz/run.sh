@@ -11,8 +11,10 @@ if [ -z "$clang" ]; then echo "skipped: no clang++ (apt-get install clang-14, or
 mkdir -p "$build/fuzz"
 target="$build/fuzz/fuzz_load"
 # Compiled and linked apart, so that ccache (where installed) can keep the object.
+# (CCACHE_NOHASHDIR and CCACHE_BASEDIR: with -g and absolute paths ccache would key the
+# object by the checkout's folder too.)
 launcher=""
-if command -v ccache >/dev/null; then launcher=ccache; fi
+if command -v ccache >/dev/null; then launcher="env CCACHE_NOHASHDIR=1 CCACHE_BASEDIR=$root ccache"; fi
 flags="-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
 # shellcheck disable=SC2086
 if ! { $launcher "$clang" $flags -I"$root/include" -c "$root/tests/fuzz/fuzz_load.cpp" -o "$target.o" &&
