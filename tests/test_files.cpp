@@ -1,13 +1,11 @@
 // Files shared with Python. The fixtures in tests/data are made by
 // tests/data/make_fixtures.py; their tensors hold value(shape, scale) =
 // arange(numel).reshape(shape) * scale, computed here again.
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <thread>
 
 #include "catch_torch.hpp"
 #include "test_helpers.hpp"
@@ -29,6 +27,9 @@
 
 using namespace tensordict;
 using test::Contains;
+using test::debris;
+using test::temporary;
+using test::temporary_dir;
 
 namespace {
 std::string fixture(const std::string& name) { return test::test_data(name); }
@@ -37,10 +38,6 @@ at::Tensor value(c10::IntArrayRef shape, double scale = 0.5, at::ScalarType dtyp
   std::int64_t n = 1;
   for (auto s : shape) n *= s;
   return (at::arange(n, at::kDouble) * scale).reshape(shape).to(dtype);
-}
-
-std::string temporary(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("tensordict_test_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
 bool same_storage(const at::Tensor& a, const at::Tensor& b) {
@@ -66,17 +63,6 @@ void write_bytes(const std::string& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
-
-// A folder removed with its contents at the end of the test.
-struct temporary_dir {
-  std::filesystem::path path;
-  explicit temporary_dir(const std::string& name) : path(temporary(name)) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~temporary_dir() { std::filesystem::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 template <class Load>
 bool refuses_cleanly(Load&& load) {
@@ -660,13 +646,6 @@ void rewrite_in_place(const std::string& path, std::string_view bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// The names in a folder that a save would leave behind (its temporaries).
-std::vector<std::string> debris(const std::filesystem::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.path().filename().string().find(".tensordict-") != std::string::npos) out.push_back(e.path().filename().string());
-  return out;
-}
 }  // namespace
 
 TEST_CASE("load and load_safetensors copy by default: a file rewritten or truncated later leaves the tensors", "[files]") {
@@ -749,51 +728,6 @@ TEST_CASE("failed saves throw file_error naming the path and the reason, and lea
   std::filesystem::current_path(cwd);
   CHECK(debris(dir.path).empty());
   CHECK(debris(dir.path.parent_path()).empty());
-}
-
-TEST_CASE("saves replace a file keeping its mode, write through symbolic links, and race safely", "[files][threads]") {
-  temporary_dir dir("replace");
-  AnyTensorDict one, two;
-  one.set("w", value({8}, 1.0));
-  two.set("w", value({8}, 2.0));
-  const std::string path = dir / "private.pt";
-  save(one, path);
-  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  save(two, path);
-  CHECK(std::filesystem::status(path).permissions() ==
-        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
-  save_safetensors(one, path + ".safetensors");
-  std::filesystem::permissions(path + ".safetensors", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  save_safetensors(two, path + ".safetensors");
-  CHECK(std::filesystem::status(path + ".safetensors").permissions() ==
-        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
-
-  std::filesystem::create_directory(dir / "ckpt");
-  save(one, dir / "ckpt/epoch1.pt");
-  std::filesystem::create_symlink("ckpt/epoch1.pt", dir / "latest.pt");
-  save(two, dir / "latest.pt");
-  CHECK(std::filesystem::is_symlink(dir / "latest.pt"));
-  CHECK((load(dir / "ckpt/epoch1.pt") == two).all());
-
-  // Two threads saving one path: every save succeeds and the file is always whole.
-  std::atomic<int> failures{0};
-  auto saver = [&](const AnyTensorDict& what) {
-    for (int i = 0; i < 20; ++i) try {
-        save(what, dir / "raced.pt");
-        save_memmap(what, dir / "raced");
-      } catch (const std::exception&) {
-        ++failures;
-      }
-  };
-  std::thread a(saver, one), b(saver, two);
-  a.join();
-  b.join();
-  CHECK(failures == 0);
-  const auto raced = load(dir / "raced.pt", {.verify_checksums = true});
-  CHECK(((raced == one).all() || (raced == two).all()));
-  const auto raced_dir = load_memmap(dir / "raced");
-  CHECK(((raced_dir == one).all() || (raced_dir == two).all()));
-  CHECK(debris(dir.path).empty());
 }
 
 TEST_CASE("save_memmap writes the device Python tensordict reads back, \"None\" for none", "[files]") {

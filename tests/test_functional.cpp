@@ -1,6 +1,4 @@
-#include <atomic>
 #include <stdexcept>
-#include <thread>
 
 #include "catch_torch.hpp"
 #include "test_helpers.hpp"
@@ -610,34 +608,6 @@ TEST_CASE("functional_call of BatchNorm in training updates the TensorDict's sta
   CHECK(stats.get<"running_mean">().allclose(bn->running_mean));
 }
 
-namespace {
-// Calls functional_call from two threads, 2000 times each with its own parameters; counts results
-// that differ from the serial ones.
-template <class Net>
-int wrong_results_from_two_threads(Net& net, const at::Tensor& x) {
-  auto a = from_module(net).detach().clone();
-  auto b = a.apply([](const at::Tensor& t) { return t * -3; });
-  const at::Tensor expected_a = functional_call(net, a, x);
-  const at::Tensor expected_b = functional_call(net, b, x);
-  REQUIRE(!expected_a.allclose(expected_b));
-  std::atomic<int> wrong{0};
-  auto worker = [&](const auto& params, const at::Tensor& expected) {
-    for (int i = 0; i < 2000; ++i)
-      if (!functional_call(net, params, x).equal(expected)) ++wrong;
-  };
-  std::thread t1([&] { worker(a, expected_a); });
-  std::thread t2([&] { worker(b, expected_b); });
-  t1.join();
-  t2.join();
-  return wrong;
-}
-}  // namespace
-
-TEST_CASE("functional_call is safe from two threads on one module", "[functional][threads]") {
-  auto net = make_mlp();
-  CHECK(wrong_results_from_two_threads(net, at::randn({5, 3})) == 0);
-}
-
 TEST_CASE("to_module keeps the module's requires_grad flags; swap_mode::as_given installs tensors as they are", "[functional]") {
   // Issue 12, defect 4: detached tensors over a Linear with a frozen weight made the bias untrainable.
   torch::nn::Linear net(3, 2);
@@ -671,62 +641,4 @@ TEST_CASE("to_module: a tensor that requires grad over a registered buffer stays
   CHECK_FALSE(bn->named_parameters().contains("running_mean"));
   CHECK(impl(bn->named_buffers()["running_mean"]) == impl(values.get<"running_mean">()));
   CHECK_FALSE(bn->running_mean.requires_grad());  // the buffer's flag
-}
-
-namespace {
-struct ShiftImpl : torch::nn::Module {
-  at::Tensor shift;
-  ShiftImpl() { shift = register_parameter("shift", at::ones({2})); }
-  at::Tensor forward(const at::Tensor& x) { return x + shift; }
-};
-TORCH_MODULE(Shift);
-}  // namespace
-TENSORDICT_MODULE(ShiftImpl, shift);
-
-template <>
-struct tensordict::nn::functional<ShiftImpl> {
-  static constexpr bool is_functional = true;
-  static at::Tensor forward(const ShiftImpl&, const TensorDict<schema_of<ShiftImpl>>& p, const at::Tensor& x) {
-    return x + p.leaf(0);
-  }
-};
-
-
-TEST_CASE("functional_call on a Sequential with a user module: which calls touch the module, and threads", "[functional][threads]") {
-  // Issue 12, defect 3: the README said the typed Sequential never touches the module, but a child
-  // without a functional form had its tensors swapped in, unguarded.
-  using swapped_t = tdn::Sequential<torch::nn::Linear, ScaledNet>;
-  using pure_t = tdn::Sequential<torch::nn::Linear, Shift>;
-  STATIC_REQUIRE(tdn::touches_module_v<swapped_t::Impl>);
-  STATIC_REQUIRE_FALSE(tdn::touches_module_v<pure_t::Impl>);
-  STATIC_REQUIRE_FALSE(tdn::touches_module_v<mlp_t::Impl>);
-  STATIC_REQUIRE_FALSE(tdn::touches_module_v<torch::nn::BatchNorm1dImpl>);
-
-  const auto x = at::randn({5, 3});
-  swapped_t swapped(torch::nn::Linear(3, 3), ScaledNet());
-  const at::Tensor own = swapped->forward(x);
-  CHECK(wrong_results_from_two_threads(swapped, x) == 0);  // serialized by the swap lock
-  CHECK(swapped->forward(x).equal(own));                   // the module's own tensors again
-  pure_t pure(torch::nn::Linear(3, 2), Shift());
-  CHECK(wrong_results_from_two_threads(pure, x) == 0);
-}
-
-TEST_CASE("functional_call of BatchNorm in training from two threads, each with its statistics", "[functional][threads]") {
-  torch::nn::BatchNorm1d bn(4);
-  const auto x = at::randn({8, 4});
-  const auto start = from_module(bn).detach().clone();
-  auto serial = start.clone();
-  for (int i = 0; i < 200; ++i) (void)functional_call(bn, serial, x);
-  auto first = start.clone(), second = start.clone();
-  auto worker = [&](TensorDict<tdn::schema_of<torch::nn::BatchNorm1dImpl>>& stats) {
-    for (int i = 0; i < 200; ++i) (void)functional_call(bn, stats, x);
-  };
-  std::thread t1(worker, std::ref(first));
-  std::thread t2(worker, std::ref(second));
-  t1.join();
-  t2.join();
-  CHECK((first == serial).all());
-  CHECK((second == serial).all());
-  CHECK(bn->num_batches_tracked.item<std::int64_t>() == 0);  // the module's own statistics are untouched
-  CHECK(bn->running_mean.eq(0).all().item<bool>());
 }

@@ -2,9 +2,13 @@
 #pragma once
 
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include <unistd.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -28,6 +32,30 @@ inline std::string test_data(const std::string& name) {
   const char* dir = std::getenv("TENSORDICT_TEST_DATA");
   if (!dir) throw std::runtime_error("TENSORDICT_TEST_DATA is not set: run the tests with meson test, or set it to tests/data");
   return std::string(dir) + "/" + name;
+}
+
+// A path in the temporary folder, unique to this process.
+inline std::string temporary(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("tensordict_test_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+// A folder removed with its contents at the end of the test.
+struct temporary_dir {
+  std::filesystem::path path;
+  explicit temporary_dir(const std::string& name) : path(temporary(name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~temporary_dir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// The names in a folder that a save would leave behind (its temporaries).
+inline std::vector<std::string> debris(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().find(".tensordict-") != std::string::npos) out.push_back(e.path().filename().string());
+  return out;
 }
 
 }  // namespace test

@@ -1,5 +1,5 @@
 // exclude<...>() with a key the schema does not have: a typo would silently exclude nothing.
-// expect: unknown_key<tensordict::key<6>{"weigth"}
+// expect: unknown_key<tensordict::key<6>{"wegiht"}
 // expect: tensordict: unknown key.
 #include <tensordict/typed_tensordict.hpp>
 
@@ -7,7 +7,7 @@ using linear = tensordict::schema<tensordict::leaf<"weight">, tensordict::leaf<"
 
 auto without_weight(const tensordict::TensorDict<linear>& td) {
 #ifdef TENSORDICT_COMPILE_FAIL
-  return td.exclude<"weigth">();
+  return td.exclude<"wegiht">();
 #else
   return td.exclude<"weight">();
 #endif

@@ -2,21 +2,21 @@
 // expect: register_module_type<Impl>(): Impl (named above in 'registered_type_without_schema<...>') has no schema
 #include <tensordict/module_registry.hpp>
 
-struct NamedImpl : torch::nn::Module {
+struct ScaleImpl : torch::nn::Module {
   at::Tensor scale;
-  NamedImpl() { scale = register_parameter("scale", at::ones({1})); }
+  ScaleImpl() { scale = register_parameter("scale", at::ones({1})); }
 };
-TENSORDICT_MODULE(NamedImpl, scale);
+TENSORDICT_MODULE(ScaleImpl, scale);
 
-struct UnnamedImpl : torch::nn::Module {
+struct UnnamedScaleImpl : torch::nn::Module {
   at::Tensor scale;
-  UnnamedImpl() { scale = register_parameter("scale", at::ones({1})); }
+  UnnamedScaleImpl() { scale = register_parameter("scale", at::ones({1})); }
 };
 
 void registration() {
 #ifdef TENSORDICT_COMPILE_FAIL
-  tensordict::nn::register_module_type<UnnamedImpl>();
+  tensordict::nn::register_module_type<UnnamedScaleImpl>();
 #else
-  tensordict::nn::register_module_type<NamedImpl>();
+  tensordict::nn::register_module_type<ScaleImpl>();
 #endif
 }

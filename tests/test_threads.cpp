@@ -1,0 +1,196 @@
+// The tests that share modules, TensorDicts, files or generators between
+// threads: run in the unit suite and, built on their own, under
+// ThreadSanitizer (the sanitize suite).
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "catch_torch.hpp"
+#include "test_helpers.hpp"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randn.h>
+
+#include <tensordict/files.hpp>
+#include <tensordict/functional.hpp>
+#include <tensordict/memmap.hpp>
+#include <tensordict/safetensors.hpp>
+#include <tensordict/vmap.hpp>
+
+using namespace tensordict;
+namespace tdn = tensordict::nn;
+using test::debris;
+using test::temporary_dir;
+
+namespace {
+using mlp_t = tdn::Sequential<torch::nn::Linear, torch::nn::ReLU, torch::nn::Linear>;
+mlp_t make_mlp() { return mlp_t(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 1)); }
+
+// A user module without a functional form: functional_call swaps its tensors in.
+struct ScaledImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  at::Tensor scale;
+  ScaledImpl() {
+    fc = register_module("fc", torch::nn::Linear(3, 2));
+    scale = register_parameter("scale", at::ones({2}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc->forward(x) * scale; }
+};
+TORCH_MODULE(Scaled);
+}  // namespace
+TENSORDICT_MODULE(ScaledImpl, fc, scale);
+
+namespace {
+// Calls functional_call from two threads, 2000 times each with its own parameters; counts results
+// that differ from the serial ones.
+template <class Net>
+int wrong_results_from_two_threads(Net& net, const at::Tensor& x) {
+  auto a = from_module(net).detach().clone();
+  auto b = a.apply([](const at::Tensor& t) { return t * -3; });
+  const at::Tensor expected_a = functional_call(net, a, x);
+  const at::Tensor expected_b = functional_call(net, b, x);
+  REQUIRE(!expected_a.allclose(expected_b));
+  std::atomic<int> wrong{0};
+  auto worker = [&](const auto& params, const at::Tensor& expected) {
+    for (int i = 0; i < 2000; ++i)
+      if (!functional_call(net, params, x).equal(expected)) ++wrong;
+  };
+  std::thread t1([&] { worker(a, expected_a); });
+  std::thread t2([&] { worker(b, expected_b); });
+  t1.join();
+  t2.join();
+  return wrong;
+}
+}  // namespace
+
+namespace {
+struct ShiftImpl : torch::nn::Module {
+  at::Tensor shift;
+  ShiftImpl() { shift = register_parameter("shift", at::ones({2})); }
+  at::Tensor forward(const at::Tensor& x) { return x + shift; }
+};
+TORCH_MODULE(Shift);
+}  // namespace
+TENSORDICT_MODULE(ShiftImpl, shift);
+
+template <>
+struct tensordict::nn::functional<ShiftImpl> {
+  static constexpr bool is_functional = true;
+  static at::Tensor forward(const ShiftImpl&, const TensorDict<schema_of<ShiftImpl>>& p, const at::Tensor& x) {
+    return x + p.leaf(0);
+  }
+};
+
+TEST_CASE("functional_call is safe from two threads on one module", "[threads]") {
+  auto net = make_mlp();
+  CHECK(wrong_results_from_two_threads(net, at::randn({5, 3})) == 0);
+}
+
+TEST_CASE("functional_call on a Sequential with a user module: which calls touch the module, and threads", "[threads]") {
+  // Issue 12, defect 3: the README said the typed Sequential never touches the module, but a child
+  // without a functional form had its tensors swapped in, unguarded.
+  using swapped_t = tdn::Sequential<torch::nn::Linear, Scaled>;
+  using pure_t = tdn::Sequential<torch::nn::Linear, Shift>;
+  STATIC_REQUIRE(tdn::touches_module_v<swapped_t::Impl>);
+  STATIC_REQUIRE_FALSE(tdn::touches_module_v<pure_t::Impl>);
+  STATIC_REQUIRE_FALSE(tdn::touches_module_v<mlp_t::Impl>);
+  STATIC_REQUIRE_FALSE(tdn::touches_module_v<torch::nn::BatchNorm1dImpl>);
+
+  const auto x = at::randn({5, 3});
+  swapped_t swapped(torch::nn::Linear(3, 3), Scaled());
+  const at::Tensor own = swapped->forward(x);
+  CHECK(wrong_results_from_two_threads(swapped, x) == 0);  // serialized by the swap lock
+  CHECK(swapped->forward(x).equal(own));                   // the module's own tensors again
+  pure_t pure(torch::nn::Linear(3, 2), Shift());
+  CHECK(wrong_results_from_two_threads(pure, x) == 0);
+}
+
+TEST_CASE("functional_call of BatchNorm in training from two threads, each with its statistics", "[threads]") {
+  torch::nn::BatchNorm1d bn(4);
+  const auto x = at::randn({8, 4});
+  const auto start = from_module(bn).detach().clone();
+  auto serial = start.clone();
+  for (int i = 0; i < 200; ++i) (void)functional_call(bn, serial, x);
+  auto first = start.clone(), second = start.clone();
+  auto worker = [&](TensorDict<tdn::schema_of<torch::nn::BatchNorm1dImpl>>& stats) {
+    for (int i = 0; i < 200; ++i) (void)functional_call(bn, stats, x);
+  };
+  std::thread t1(worker, std::ref(first));
+  std::thread t2(worker, std::ref(second));
+  t1.join();
+  t2.join();
+  CHECK((first == serial).all());
+  CHECK((second == serial).all());
+  CHECK(bn->num_batches_tracked.item<std::int64_t>() == 0);  // the module's own statistics are untouched
+  CHECK(bn->running_mean.eq(0).all().item<bool>());
+}
+
+TEST_CASE("randomness same with chunks while another thread draws from the generator", "[threads]") {
+  // Issue 12, defect 8: each chunk re-set the CPU generator's state without its mutex, racing with
+  // other threads' draws (a data race that the TSan suite reports). The replay now takes the mutex
+  // of the inputs' device's generator; another thread's draws may still fall between two chunks,
+  // so this checks only that both sides run (under TSan: without a race).
+  auto x = at::ones({4, 100});
+  auto drop = [](const at::Tensor& v) { return at::dropout(v, 0.5, true); };
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    while (!done) (void)at::rand({16});
+  });
+  for (int i = 0; i < 50; ++i) {
+    auto out = vmap(drop, {}, {.randomness = randomness::same, .chunk_size = 1})(x);
+    CHECK(out.sizes() == c10::IntArrayRef{4, 100});
+  }
+  done = true;
+  other.join();
+  auto alone = vmap(drop, {}, {.randomness = randomness::same, .chunk_size = 1})(x);
+  CHECK(alone[0].equal(alone[3]));
+}
+
+TEST_CASE("saves replace a file keeping its mode, write through symbolic links, and race safely", "[threads]") {
+  temporary_dir dir("replace");
+  AnyTensorDict one, two;
+  one.set("w", at::full({8}, 1.0));
+  two.set("w", at::full({8}, 2.0));
+  const std::string path = dir / "private.pt";
+  save(one, path);
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  save(two, path);
+  CHECK(std::filesystem::status(path).permissions() ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+  save_safetensors(one, path + ".safetensors");
+  std::filesystem::permissions(path + ".safetensors", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  save_safetensors(two, path + ".safetensors");
+  CHECK(std::filesystem::status(path + ".safetensors").permissions() ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+
+  std::filesystem::create_directory(dir / "ckpt");
+  save(one, dir / "ckpt/epoch1.pt");
+  std::filesystem::create_symlink("ckpt/epoch1.pt", dir / "latest.pt");
+  save(two, dir / "latest.pt");
+  CHECK(std::filesystem::is_symlink(dir / "latest.pt"));
+  CHECK((load(dir / "ckpt/epoch1.pt") == two).all());
+
+  // Two threads saving one path: every save succeeds and the file is always whole.
+  std::atomic<int> failures{0};
+  auto saver = [&](const AnyTensorDict& what) {
+    for (int i = 0; i < 20; ++i) try {
+        save(what, dir / "raced.pt");
+        save_memmap(what, dir / "raced");
+      } catch (const std::exception&) {
+        ++failures;
+      }
+  };
+  std::thread a(saver, one), b(saver, two);
+  a.join();
+  b.join();
+  CHECK(failures == 0);
+  const auto raced = load(dir / "raced.pt", {.verify_checksums = true});
+  CHECK(((raced == one).all() || (raced == two).all()));
+  const auto raced_dir = load_memmap(dir / "raced");
+  CHECK(((raced_dir == one).all() || (raced_dir == two).all()));
+  CHECK(debris(dir.path).empty());
+}
