@@ -71,6 +71,33 @@ TEST_CASE("unique_parameters lists a tied weight once, so an optimizer steps it 
   CHECK(once[1].detach().equal(before - 1));  // -1, not -2
 }
 
+TEST_CASE("a tensor at two paths of one TensorDictParams is registered once; set makes and breaks the tie", "[params]") {
+  auto td = from_module(make_mlp()).detach().clone();
+  td.set<"1", "bias">(td.get<"0", "bias">());  // tied: 0.bias and 1.bias are one tensor
+  auto p = tdn::make_params(td);
+  CHECK(names_of(p->named_parameters()) == std::vector<std::string>{"0.weight", "0.bias", "1.weight"});
+  CHECK(p->parameters().size() == 3);
+  CHECK(impl(p->get<"1", "bias">()) == impl(p->get<"0", "bias">()));  // still readable at both paths
+  {
+    const at::Tensor before = p->get<"0", "bias">().detach().clone();
+    torch::optim::SGD sgd(p->parameters(), 1.0);
+    for (const auto& t : p->parameters()) t.mutable_grad() = at::ones(t.sizes());
+    sgd.step();
+    CHECK(p->get<"1", "bias">().detach().equal(before - 1));  // -1, not -2
+  }
+
+  p->set<"1", "bias">(at::zeros({4}));  // the tie broken: both registered
+  CHECK(names_of(p->named_parameters()) == std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias"});
+  p->set<"0", "bias">(p->get<"1", "bias">());  // tied again, the other way: registered at the first path
+  CHECK(names_of(p->named_parameters()) == std::vector<std::string>{"0.weight", "0.bias", "1.weight"});
+  CHECK(impl(p->named_parameters()["0.bias"]) == impl(p->get<"1", "bias">()));
+
+  AnyTensorDict any = AnyTensorDict(td);
+  any.set("extra", td.get<"0", "weight">());
+  tdn::AnyTensorDictParams dynamic(std::make_shared<tdn::AnyTensorDictParamsImpl>(any));
+  CHECK(dynamic->parameters().size() == 3);  // 0.weight and extra are one, and so are the biases
+}
+
 TEST_CASE("floating dtypes become parameters, the others buffers", "[params]") {
   using S = schema<leaf<"f16">, leaf<"f32">, leaf<"f64">, leaf<"bf16">, leaf<"i64">, leaf<"flag">, leaf<"c64">>;
   TensorDict<S> td({at::zeros({2}, at::kHalf), at::zeros({2}), at::zeros({2}, at::kDouble), at::zeros({2}, at::kBFloat16),

@@ -6,7 +6,8 @@
 //   // named_parameters(): "params.0.weight", "params.0.bias", ...
 //
 // Each nested key becomes a child module, so the reference's dotted names come
-// out of libtorch's own naming (which refuses dots inside one name). The
+// out of libtorch's own naming (which refuses dots inside one name). A tensor
+// held at two paths (tied) is registered once, at the first. The
 // wrapped TensorDict is not copied: a write through either side shows in the
 // other, and the registry follows writes made through the TensorDictParams.
 #pragma once
@@ -18,6 +19,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -82,6 +84,36 @@ inline void register_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string>
     owner->register_buffer(name, t);
 }
 
+// Removes what is registered under `path` below root, if anything.
+inline void unregister_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path) {
+  torch::nn::Module* owner = &root;
+  for (std::size_t d = 0; d + 1 < path.size(); ++d) {
+    auto children = owner->named_children();
+    auto* child = children.find(path[d]);
+    if (!child) return;
+    owner = child->get();
+  }
+  for (auto* registry : {&::tensordict::detail::module_parameters(*owner), &::tensordict::detail::module_buffers(*owner)})
+    if (registry->find(path.back())) registry->erase(path.back());
+}
+
+// Registers each distinct tensor once, at the first path (in `leaves`' order)
+// that holds it, and removes the registration of a later path holding it: a
+// weight tied between two paths is one parameter, as in Python's
+// parameters(), and an optimizer steps it once.
+// leaves: (path, tensor, as a parameter); an undefined tensor is skipped.
+template <class Leaves>
+void register_distinct(torch::nn::Module& root, const Leaves& leaves) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& [path, t, parameter] : leaves) {
+    if (!t.defined()) continue;
+    if (seen.insert(t.unsafeGetTensorImpl()).second)
+      register_leaf_at(root, path, t, parameter);
+    else
+      unregister_leaf_at(root, path);
+  }
+}
+
 inline bool float_dtype(const at::Tensor& t) {
   const auto dtype = t.defined() ? t.scalar_type() : at::kFloat;
   return dtype == at::kHalf || dtype == at::kFloat || dtype == at::kDouble;
@@ -99,8 +131,7 @@ class TensorDictParamsImpl : public torch::nn::Module {
 
   explicit TensorDictParamsImpl(TensorDict<S> td, params_options options = {}, kinds_t kinds = {})
       : td_(std::move(td)), options_(options), kinds_(kinds) {
-    for (std::size_t i = 0; i < leaf_count; ++i)
-      if (td_.leaf(i).defined()) register_leaf(i, td_.leaf(i));
+    register_leaves();
     if (options_.lock) td_.lock_();
   }
 
@@ -131,7 +162,7 @@ class TensorDictParamsImpl : public torch::nn::Module {
     }
     if (relock) td_.lock_();
     kinds_[i] = leaf_kind::automatic;
-    register_leaf(i, td_.leaf(i));
+    register_leaves();  // a tie made or broken changes what is registered where
     return *this;
   }
 
@@ -231,10 +262,15 @@ class TensorDictParamsImpl : public torch::nn::Module {
     return detail::float_dtype(td_.leaf(i)) ? leaf_kind::parameter : leaf_kind::buffer;
   }
 
-  void register_leaf(std::size_t i, const at::Tensor& t) {
-    const auto& entry = leaf_paths_v<S>[i];
-    std::vector<std::string> path(entry.parts.begin(), entry.parts.begin() + entry.depth);
-    detail::register_leaf_at(*this, path, t, kind_of(i) == leaf_kind::parameter);
+  void register_leaves() {
+    std::vector<std::tuple<std::vector<std::string>, at::Tensor, bool>> leaves;
+    leaves.reserve(leaf_count);
+    for (std::size_t i = 0; i < leaf_count; ++i) {
+      const auto& entry = leaf_paths_v<S>[i];
+      leaves.emplace_back(std::vector<std::string>(entry.parts.begin(), entry.parts.begin() + entry.depth), td_.leaf(i),
+                          kind_of(i) == leaf_kind::parameter);
+    }
+    detail::register_distinct(*this, leaves);
   }
 
   TensorDict<S> td_;
@@ -264,10 +300,11 @@ class AnyTensorDictParamsImpl : public torch::nn::Module {
  public:
   explicit AnyTensorDictParamsImpl(AnyTensorDict td, std::optional<AnyTensorDict> parameters = std::nullopt)
       : td_(std::move(td)) {
+    std::vector<std::tuple<any_key_path, at::Tensor, bool>> leaves;
     td_.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      const bool parameter = parameters ? parameters->contains(path) : detail::float_dtype(t);
-      detail::register_leaf_at(*this, path, t, parameter);
+      leaves.emplace_back(path, t, parameters ? parameters->contains(path) : detail::float_dtype(t));
     });
+    detail::register_distinct(*this, leaves);
   }
 
   // The wrapped AnyTensorDict itself (same storage).
