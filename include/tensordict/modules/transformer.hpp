@@ -274,8 +274,9 @@ inline at::Tensor coder_norm(torch::nn::AnyModule& norm, const AnyTensorDict& p,
     return functional<LayerNormImpl>::forward(*layer_norm, np, x);
   }
   if (norm.ptr()->parameters().empty() && norm.ptr()->buffers().empty()) return norm.forward(x);
+  const torch::nn::Module& norm_module = *norm.ptr();  // typeid of a named object: clang warns on *call()
   throw module_error("tensordict::functional_call: the transformer stack's norm is a " +
-                     c10::demangle(typeid(*norm.ptr()).name()) +
+                     c10::demangle(typeid(norm_module).name()) +
                      ", which has tensors but no functional form here; use a LayerNorm (or swap with to_module)");
 }
 
@@ -296,10 +297,15 @@ bool layers_lowered(torch::nn::ModuleList& layers) {
 template <class Stack>
 Stack& part_of(const torch::nn::AnyModule& part, const char* name) {
   auto* stack = part.is_empty() ? nullptr : dynamic_cast<Stack*>(part.ptr().get());
-  if (!stack)
-    throw module_error(std::string("tensordict::functional_call: the Transformer's ") + name + " is " +
-                       (part.is_empty() ? std::string("empty") : c10::demangle(typeid(*part.ptr()).name())) + ", not a " +
+  if (!stack) {
+    std::string found = "empty";
+    if (!part.is_empty()) {
+      const torch::nn::Module& module = *part.ptr();
+      found = c10::demangle(typeid(module).name());
+    }
+    throw module_error(std::string("tensordict::functional_call: the Transformer's ") + name + " is " + found + ", not a " +
                        c10::demangle(typeid(Stack).name()) + "; swap it with to_module instead");
+  }
   return *stack;
 }
 }  // namespace detail
