@@ -10,8 +10,9 @@ MAX_ERRORS error lines: the library's message, not a page of backtrace.
 The cases given are compiled together, one translation unit per variant: their
 #include lines go to the top, each case's code follows in a namespace of its
 own (at file scope where it specializes a template: TENSORDICT_MODULE,
-`template <>`), with #line directives, so a diagnostic names the case's file
-and line. An error belongs to the case named last in it or in the context
+`template <>`), with #line directives, so a diagnostic names the case
+("compile_fail/NAME.cpp", the same in every checkout: a stored result from
+another checkout still names its cases) and the line. An error belongs to the case named last in it or in the context
 lines before it ("required from here"). Parsing libtorch and the library once
 instead of once per case is most of the saving. A case that fails in the
 batch (no error of its own, too many, a missing text, or a twin that does not
@@ -42,6 +43,11 @@ def expected_texts(case):
     return [m.group(1).strip() for m in re.finditer(r"^// expect: (.*)$", open(case).read(), re.M)]
 
 
+def line_name(case):
+    """The name a case's lines carry in a batch: the same in every checkout, so that a stored result still names it."""
+    return "compile_fail/" + os.path.basename(case)
+
+
 def translation_unit(cases):
     """One file: every case's #include lines, then each case's code under #line directives."""
     includes, bodies = [], []
@@ -49,7 +55,7 @@ def translation_unit(cases):
         lines = open(case).read().splitlines()
         includes += [line for line in lines if line.startswith("#include") and line not in includes]
         code = [("" if line.startswith("#include") else line) for line in lines]
-        body = [f'#line 1 "{case}"'] + code
+        body = [f'#line 1 "{line_name(case)}"'] + code
         if not FILE_SCOPE.search("\n".join(code)):
             body = [f"namespace compile_fail_case_{index} {{"] + body + ["}"]
         bodies += body
@@ -72,13 +78,13 @@ def compile_cases(cases, compiler, fail):
 
 def errors_by_case(cases, diagnostics):
     """{case: (error lines, diagnostic lines)} and the error lines that name no case."""
-    names = {os.path.abspath(c): c for c in cases}
+    names = {line_name(c): c for c in cases}
     owned = {c: ([], []) for c in cases}
     unowned, context, current = [], [], None
 
     def case_named(line):
         m = LOCATION.match(line.strip()) or re.search(r"([^\s:]+\.cpp):\d+", line)
-        return names.get(os.path.abspath(m.group(1))) if m else None
+        return names.get(m.group(1)) if m else None
 
     for line in diagnostics.splitlines():
         context.append(line)
