@@ -48,18 +48,27 @@ struct params_options {
 };
 
 namespace detail {
-// Registers t under `path` below root (one child module per parent key,
-// created on first use) as a parameter or a buffer; a leaf registered there
-// before is replaced in place, or moved between the registries.
-inline void register_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path, const at::Tensor& t, bool parameter) {
+// The module that holds the leaf at `path` below root: the child modules of
+// its parent keys, created on the way with create, else nullptr where one is missing.
+inline torch::nn::Module* owner_of(torch::nn::Module& root, c10::ArrayRef<std::string> path, bool create) {
   torch::nn::Module* owner = &root;
   for (std::size_t d = 0; d + 1 < path.size(); ++d) {
     auto children = owner->named_children();
     if (auto* child = children.find(path[d]))
       owner = child->get();
-    else
+    else if (create)
       owner = owner->register_module(path[d], std::make_shared<torch::nn::Module>()).get();
+    else
+      return nullptr;
   }
+  return owner;
+}
+
+// Registers t under `path` below root (one child module per parent key,
+// created on first use) as a parameter or a buffer; a leaf registered there
+// before is replaced in place, or moved between the registries.
+inline void register_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path, const at::Tensor& t, bool parameter) {
+  torch::nn::Module* owner = owner_of(root, path, /*create=*/true);
   const std::string& name = path.back();
   auto& params = ::tensordict::detail::module_parameters(*owner);
   auto& buffers = ::tensordict::detail::module_buffers(*owner);
@@ -86,13 +95,8 @@ inline void register_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string>
 
 // Removes what is registered under `path` below root, if anything.
 inline void unregister_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path) {
-  torch::nn::Module* owner = &root;
-  for (std::size_t d = 0; d + 1 < path.size(); ++d) {
-    auto children = owner->named_children();
-    auto* child = children.find(path[d]);
-    if (!child) return;
-    owner = child->get();
-  }
+  torch::nn::Module* owner = owner_of(root, path, /*create=*/false);
+  if (!owner) return;
   for (auto* registry : {&::tensordict::detail::module_parameters(*owner), &::tensordict::detail::module_buffers(*owner)})
     if (registry->find(path.back())) registry->erase(path.back());
 }
