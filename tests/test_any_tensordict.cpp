@@ -109,7 +109,8 @@ TEST_CASE("AnyTensorDict: set of a sub-tree and erase", "[any_tensordict]") {
   CHECK(td.level_keys() == std::vector<std::string>{"2", "4"});
   CHECK_THROWS_AS(td.erase("0"), key_error);
   AnyTensorDict batched({5});
-  CHECK_THROWS_AS(td.set("5", batched), shape_error);
+  auto pairs = make_mlp({2});
+  CHECK_THROWS_WITH(pairs.set("5", batched), Contains("expected a TensorDict whose batch_size starts with [2], got batch_size=[5]"));
 }
 
 TEST_CASE("AnyTensorDict: prints as the typed TensorDict", "[any_tensordict]") {
@@ -338,4 +339,109 @@ TEST_CASE("AnyTensorDict: stack and cat name the key path of a leaf whose shapes
   d.set("2", "bias", at::randn({3, 2}));
   CHECK_THROWS_AS(cat({c, d}), shape_error);
   CHECK_THROWS_WITH(cat({c, d}), Contains("(\"2\", \"bias\") is f32[2,1] in TensorDict 0 but f32[3,2] in TensorDict 1"));
+}
+
+namespace {
+// Python: TensorDict({"sub": TensorDict({"x": zeros(4, 3, 2)}, [4,3,2]), "y": zeros(4, 3)}, [4,3]).
+AnyTensorDict with_longer_nested_batch() {
+  AnyTensorDict sub({{"x", at::arange(24).reshape({4, 3, 2}).to(at::kFloat)}}, {4, 3, 2});
+  AnyTensorDict td({{"y", at::arange(12).reshape({4, 3}).to(at::kFloat)}}, {4, 3});
+  td.set("sub", sub);
+  return td;
+}
+c10::IntArrayRef sub_batch(const AnyTensorDict& td) { return td.get_tensordict("sub").batch_size(); }
+}  // namespace
+
+TEST_CASE("AnyTensorDict: a nested level may add batch dims of its own, as in Python", "[any_tensordict][nested_batch]") {
+  auto td = with_longer_nested_batch();
+  CHECK(td.batch_size() == c10::IntArrayRef{4, 3});
+  CHECK(sub_batch(td) == c10::IntArrayRef{4, 3, 2});
+  CHECK(printed(td) == "TensorDict(batch_size=[4,3], fields={sub: {batch_size=[4,3,2], x: f32[4,3,2]}, y: f32[4,3]})");
+  // A leaf under it starts with its batch size; a sub-tree set there may add more.
+  CHECK_THROWS_WITH(td.set("sub", "z", at::zeros({4, 3})), Contains("must be the batch size [4,3,2]"));
+  td.set("sub", "z", at::zeros({4, 3, 2, 7}));
+  td.set("sub", "deeper", AnyTensorDict({{"w", at::zeros({4, 3, 2, 5})}}, {4, 3, 2, 5}));
+  CHECK(td.get_tensordict("sub", "deeper").batch_size() == c10::IntArrayRef{4, 3, 2, 5});
+  CHECK_THROWS_WITH(td.set("bad", AnyTensorDict({}, {4})), Contains("whose batch_size starts with [4,3], got batch_size=[4]"));
+  // A sub-tree that set creates on the way takes its parent's.
+  td.set("sub", "new", "v", at::zeros({4, 3, 2}));
+  CHECK(td.get_tensordict("sub", "new").batch_size() == c10::IntArrayRef{4, 3, 2});
+  // Moving an entry checks it against the level that will hold it.
+  CHECK_THROWS_WITH(td.rename_key_({"y"}, {"sub", "y"}), Contains("does not start with the batch size [4,3,2]"));
+  td.rename_key_({"sub", "deeper"}, {"deeper"});
+  CHECK(td.get_tensordict("deeper").batch_size() == c10::IntArrayRef{4, 3, 2, 5});
+  // A nested view cannot name dims the root does not have.
+  CHECK_THROWS_WITH(td.get_tensordict("sub").rename_({"a", "b", "c"}), Contains("longer than the root's 2 batch dims"));
+  CHECK(td.get_tensordict("sub").names().size() == 3);
+}
+
+TEST_CASE("AnyTensorDict: verbs on the batch dims keep a nested level's own dims", "[any_tensordict][nested_batch]") {
+  const auto td = with_longer_nested_batch();
+  CHECK(sub_batch(td[1]) == c10::IntArrayRef{3, 2});
+  CHECK(sub_batch(td.index({idx::Slice(), 0})) == c10::IntArrayRef{4, 2});
+  CHECK(sub_batch(td.reshape({12})) == c10::IntArrayRef{12, 2});
+  CHECK(td.reshape({12}).get("sub", "x").equal(td.get("sub", "x").reshape({12, 2})));
+  CHECK(sub_batch(td.unsqueeze(0)) == c10::IntArrayRef{1, 4, 3, 2});
+  CHECK(sub_batch(td.permute({1, 0})) == c10::IntArrayRef{3, 4, 2});
+  CHECK(sub_batch(td.expand({5, 4, 3})) == c10::IntArrayRef{5, 4, 3, 2});
+  CHECK(sub_batch(td.unbind(1)[0]) == c10::IntArrayRef{4, 2});
+  CHECK(sub_batch(td.split(1, 0)[0]) == c10::IntArrayRef{1, 3, 2});
+  CHECK(sub_batch(td.clone()) == c10::IntArrayRef{4, 3, 2});
+  CHECK(sub_batch(td.to(at::kDouble)) == c10::IntArrayRef{4, 3, 2});
+  CHECK(sub_batch(td + td) == c10::IntArrayRef{4, 3, 2});
+  CHECK(sub_batch(td == td) == c10::IntArrayRef{4, 3, 2});
+  CHECK(sub_batch(td.sum(0)) == c10::IntArrayRef{3, 2});
+  CHECK(sub_batch(td.mean({0, 1}, true)) == c10::IntArrayRef{1, 1, 2});
+  CHECK(sub_batch(stack({td, td}, 1)) == c10::IntArrayRef{4, 2, 3, 2});
+  CHECK(sub_batch(cat({td, td}, 0)) == c10::IntArrayRef{8, 3, 2});
+  CHECK(sub_batch(td.select({{"sub", "x"}})) == c10::IntArrayRef{4, 3, 2});
+  CHECK(sub_batch(td.exclude({{"y"}})) == c10::IntArrayRef{4, 3, 2});
+  // Python: td.sum() reduces every leaf to a scalar, every level to batch_size [].
+  const auto total = td.sum();
+  CHECK(sub_batch(total).empty());
+  CHECK(total.get("sub", "x").item<float>() == 276.f);
+  // Levels that disagree cannot be stacked.
+  auto other = with_longer_nested_batch();
+  other.set("sub", AnyTensorDict({{"x", at::zeros({4, 3, 2})}}, {4, 3}));
+  CHECK_THROWS_WITH(stack({td, other}), Contains("the TensorDict \"sub\" of TensorDict 0 has batch_size=[4,3,2] but TensorDict 1 has batch_size=[4,3]"));
+  // update creates the levels it lacks with other's batch sizes.
+  AnyTensorDict target({4, 3});
+  target.update(td);
+  CHECK(sub_batch(target) == c10::IntArrayRef{4, 3, 2});
+}
+
+TEST_CASE("AnyTensorDict: batch_size setter and auto_batch_size_ set nested levels as Python does", "[any_tensordict][nested_batch]") {
+  auto td = with_longer_nested_batch();
+  td.set_batch_size({4});  // the nested level is longer: it keeps [4,3,2]
+  CHECK(td.batch_size() == c10::IntArrayRef{4});
+  CHECK(sub_batch(td) == c10::IntArrayRef{4, 3, 2});
+  AnyTensorDict flat({{"y", at::zeros({4, 3, 2})}, {{"sub", "x"}, at::zeros({4, 3, 2})}}, {4});
+  flat.set_batch_size({4, 3, 2});  // a shorter nested level takes the new batch size
+  CHECK(sub_batch(flat) == c10::IntArrayRef{4, 3, 2});
+  AnyTensorDict mixed({{"y", at::zeros({4, 3, 5})}}, {4, 3});
+  mixed.set("sub", with_longer_nested_batch().get_tensordict("sub"));
+  CHECK_THROWS_WITH(mixed.set_batch_size({4, 3, 5}), Contains("the nested TensorDict \"sub\" has batch_size=[4,3,2], which does not start with [4,3,5]"));
+  CHECK(mixed.batch_size() == c10::IntArrayRef{4, 3});  // unchanged
+  // auto_batch_size_: nested levels first, each from its own leaves.
+  AnyTensorDict bare({{{"sub", "x"}, at::zeros({4, 3, 2})}, {"y", at::zeros({4, 3})}});
+  bare.auto_batch_size_();
+  CHECK(bare.batch_size() == c10::IntArrayRef{4, 3});
+  CHECK(sub_batch(bare) == c10::IntArrayRef{4, 3, 2});
+  bare.auto_batch_size_(1);
+  CHECK(bare.batch_size() == c10::IntArrayRef{4});
+  CHECK(sub_batch(bare) == c10::IntArrayRef{4});
+}
+
+TEST_CASE("AnyTensorDict: a nested level's own batch size survives typed -> erased -> typed", "[any_tensordict][nested_batch]") {
+  using nested = schema<field<"sub", schema<leaf<"x">>>, leaf<"y">>;
+  const auto any = with_longer_nested_batch();
+  const TensorDict<nested> typed = any.to_typed<nested>();
+  CHECK(typed.get<"sub">().batch_size() == c10::IntArrayRef{4, 3, 2});
+  CHECK(typed.repr() == any.repr());
+  const AnyTensorDict back(typed);
+  CHECK(sub_batch(back) == c10::IntArrayRef{4, 3, 2});
+  TensorDict<nested> like(c10::IntArrayRef{4, 3});
+  like.set<"y">(at::zeros({4, 3}));
+  like.set<"sub", "x">(at::zeros({4, 3, 2}));
+  CHECK_THROWS_WITH(any.to_typed<nested>(like), Contains("\"sub\": batch_size: expected [4,3], got [4,3,2]"));
 }

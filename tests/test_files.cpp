@@ -783,3 +783,32 @@ TEST_CASE("files for Python", "[.python_interop]") {
   st.set("one", "entry", value({2}));
   save_safetensors(st, std::string(dir) + "/cpp.safetensors", {{"format", "pt"}, {"by", "tensordict-cpp"}});
 }
+
+TEST_CASE("memmap directories keep each nested level's batch size, as Python writes them", "[files][nested_batch]") {
+  // Python: TensorDict({"sub": TensorDict({"x": zeros(4, 3, 2)}, [4, 3, 2]), "y": zeros(4, 3)}, [4, 3]).memmap(dir)
+  temporary_dir dir("memmap_nested_batch");
+  AnyTensorDict td({{"y", at::zeros({4, 3})}}, {4, 3});
+  td.set("sub", AnyTensorDict({{"x", at::arange(24).reshape({4, 3, 2})}}, {4, 3, 2}));
+  td.set("empty", AnyTensorDict({}, {4, 3, 7}));
+  save_memmap(td, dir / "td");
+  CHECK(nlohmann::json::parse(bytes_of(dir / "td/meta.json"))["shape"] == std::vector<int>{4, 3});
+  CHECK(nlohmann::json::parse(bytes_of(dir / "td/sub/meta.json"))["shape"] == std::vector<int>{4, 3, 2});
+  CHECK(nlohmann::json::parse(bytes_of(dir / "td/empty/meta.json"))["shape"] == std::vector<int>{4, 3, 7});
+  const auto loaded = load_memmap(dir / "td");
+  CHECK(loaded.batch_size() == c10::IntArrayRef{4, 3});
+  CHECK(loaded.get_tensordict("sub").batch_size() == c10::IntArrayRef{4, 3, 2});
+  CHECK(loaded.get_tensordict("empty").batch_size() == c10::IntArrayRef{4, 3, 7});
+  CHECK(loaded.get("sub", "x").equal(td.get("sub", "x")));
+  // Saved again, it is the same directory (the issue: the nested level came back [4, 3]).
+  save_memmap(loaded, dir / "again");
+  CHECK(bytes_of(dir / "again/sub/meta.json") == bytes_of(dir / "td/sub/meta.json"));
+  // A nested level whose batch size does not extend its parent's is refused, naming the file.
+  auto meta = nlohmann::json::parse(bytes_of(dir / "td/sub/meta.json"));
+  meta["shape"] = {5};
+  meta["x"]["shape"] = {5, 3, 2};  // consistent with the level itself
+  {
+    std::ofstream out(dir / "td/sub/meta.json", std::ios::trunc);
+    out << meta.dump();
+  }
+  CHECK_THROWS_WITH(load_memmap(dir / "td"), Contains("sub/meta.json: the batch size [5] does not start with the enclosing TensorDict's [4,3]"));
+}

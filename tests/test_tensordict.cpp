@@ -683,7 +683,7 @@ TEST_CASE("to_dict and from_dict, flat, ordered and nested, both ways", "[tensor
   resized.set_batch_size({2});
   CHECK(resized.batch_size() == c10::IntArrayRef{2});
   CHECK(resized.get("0", "weight").is_same(td.get<"0", "weight">()));
-  CHECK_THROWS_WITH(resized.set_batch_size({3}), Contains("leading dims must be the batch size [3]"));
+  CHECK_THROWS_WITH(resized.set_batch_size({3}), Contains("the nested TensorDict \"0\" has batch_size=[2], which does not start with [3]"));
   CHECK(resized.batch_size() == c10::IntArrayRef{2});  // unchanged by the failed call
   CHECK(resized.set_batch_size({}).auto_batch_size_().batch_size() == c10::IntArrayRef{2});
   auto typed_resized = td;
@@ -789,4 +789,51 @@ TEST_CASE("a tensorclass is a struct with the TensorDict verbs", "[tensordict]")
   const std::string bytes = save_safetensors_to_string(t.to_tensordict());
   Transition loaded = Transition::from_tensordict(load_safetensors_from_string(bytes).to_typed<Transition::schema_t>());
   CHECK(loaded.next.obs.equal(next_obs));
+}
+
+TEST_CASE("TensorDict: a nested level may add batch dims of its own, kept by the verbs", "[tensordict][nested_batch]") {
+  // Python: TensorDict({"obs": TensorDict({"x": ...}, [4, 3, 2]), "inner": {"deep": {"z": ...}}, "y": ...}, [4, 3]).
+  using observation = schema<leaf<"x">>;
+  using nested = schema<field<"obs", observation>, field<"inner", schema<field<"deep", schema<leaf<"z">>>>>, leaf<"y">>;
+  TensorDict<nested> td(c10::IntArrayRef{4, 3});
+  td.set<"y">(at::zeros({4, 3}));
+  td.set<"inner", "deep", "z">(at::zeros({4, 3, 5}));
+  TensorDict<observation> obs(c10::IntArrayRef{4, 3, 2});
+  obs.set<"x">(at::arange(24).reshape({4, 3, 2}).to(at::kFloat));
+  td.set<"obs">(obs);
+  CHECK(td.get<"obs">().batch_size() == c10::IntArrayRef{4, 3, 2});
+  CHECK(td.get<"inner", "deep">().batch_size() == c10::IntArrayRef{4, 3});
+  CHECK(printed(td) == "TensorDict(batch_size=[4,3], fields={inner: {deep: {z: f32[4,3,5]}}, obs: {batch_size=[4,3,2], x: f32[4,3,2]}, y: f32[4,3]})");
+  CHECK_THROWS_WITH((td.set<"obs", "x">(at::zeros({4, 3}))), Contains("must be the batch size [4,3,2]"));
+  CHECK_THROWS_WITH((td.set<"obs">(TensorDict<observation>(c10::IntArrayRef{4}))),
+                    Contains("expected a TensorDict whose batch_size starts with [4,3], got batch_size=[4]"));
+  auto obs_batch = [](const TensorDict<nested>& t) { return t.get<"obs">().batch_size().vec(); };
+  CHECK(obs_batch(td[1]) == std::vector<std::int64_t>{3, 2});
+  CHECK(obs_batch(td.reshape({12})) == std::vector<std::int64_t>{12, 2});
+  CHECK(obs_batch(td.permute({1, 0})) == std::vector<std::int64_t>{3, 4, 2});
+  CHECK(obs_batch(td.clone()) == std::vector<std::int64_t>{4, 3, 2});
+  CHECK(obs_batch(td * td) == std::vector<std::int64_t>{4, 3, 2});
+  CHECK(obs_batch(td.sum(1)) == std::vector<std::int64_t>{4, 2});
+  CHECK(td.sum().get<"obs">().batch_size().empty());
+  CHECK(td.sum().get<"obs", "x">().item<float>() == 276.f);
+  CHECK(obs_batch(stack({td, td}, 0)) == std::vector<std::int64_t>{2, 4, 3, 2});
+  CHECK(obs_batch(cat({td, td}, 1)) == std::vector<std::int64_t>{4, 6, 2});
+  CHECK(td.select<"obs">().get<"obs">().batch_size() == c10::IntArrayRef{4, 3, 2});
+  CHECK(td.exclude<"y">().get<"obs">().batch_size() == c10::IntArrayRef{4, 3, 2});
+  CHECK(td.rename_key<"obs", "o">().get<"o">().batch_size() == c10::IntArrayRef{4, 3, 2});
+  CHECK(AnyTensorDict(td).get_tensordict("obs").batch_size() == c10::IntArrayRef{4, 3, 2});
+  // Python's setter and auto_batch_size_.
+  auto resized = td.clone();
+  resized.set_batch_size({4});
+  CHECK(obs_batch(resized) == std::vector<std::int64_t>{4, 3, 2});
+  CHECK(resized.get<"inner">().batch_size() == c10::IntArrayRef{4, 3});
+  CHECK_THROWS_WITH(resized.set_batch_size({4, 5}), Contains("the nested TensorDict \"obs\" has batch_size=[4,3,2], which does not start with [4,5]"));
+  auto automatic = TensorDict<nested>({at::zeros({4, 3, 2}), at::zeros({4, 3, 5}), at::zeros({4, 3})});
+  automatic.auto_batch_size_();
+  CHECK(automatic.batch_size() == c10::IntArrayRef{4, 3});
+  CHECK(obs_batch(automatic) == std::vector<std::int64_t>{4, 3, 2});
+  CHECK(automatic.get<"inner", "deep">().batch_size() == c10::IntArrayRef{4, 3, 5});
+  CHECK(automatic.get<"inner">().batch_size() == c10::IntArrayRef{4, 3, 5});
+  automatic.auto_batch_size_(1);
+  CHECK(obs_batch(automatic) == std::vector<std::int64_t>{4});
 }

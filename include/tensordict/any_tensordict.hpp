@@ -14,8 +14,9 @@
 //
 // Keys keep their insertion order (keys(), iteration); printing sorts them,
 // as Python does. A sub-tree obtained with get_tensordict(...) is a view: it
-// shares its parent's leaves, batch size and locks. A call that throws leaves
-// the TensorDict as it was.
+// shares its parent's leaves and locks; its batch size is its level's, which
+// starts with the parent's and may add dims (as in Python). A call that
+// throws leaves the TensorDict as it was.
 #pragma once
 
 #include <algorithm>
@@ -75,7 +76,11 @@ inline std::string quoted_names(const std::vector<std::string>& names) {
 // A level of the tree. Parents own their children; a child knows its parent
 // weakly, so a sub-view (get_tensordict) that outlives the tree above it
 // finds no parent rather than a freed one. Nodes live in shared_ptrs only.
+// Each level has its batch size, which starts with its parent's (Python lets
+// a nested TensorDict add dims of its own); it never changes once the node
+// holds entries: verbs build new nodes.
 struct any_node : std::enable_shared_from_this<any_node> {
+  std::vector<std::int64_t> batch;
   std::vector<std::string> names;
   std::vector<at::Tensor> tensors;                  // undefined where the entry is a sub-tree
   std::vector<std::shared_ptr<any_node>> children;  // null where the entry is a leaf
@@ -106,7 +111,12 @@ struct any_node : std::enable_shared_from_this<any_node> {
     tensors.push_back(std::move(tensor));
     children.emplace_back();
   }
-  any_node& add_child(std::string name, std::shared_ptr<any_node> child = std::make_shared<any_node>()) {
+  // A new child (child null) has this level's batch size.
+  any_node& add_child(std::string name, std::shared_ptr<any_node> child = nullptr) {
+    if (!child) {
+      child = std::make_shared<any_node>();
+      child->batch = batch;
+    }
     child->parent = weak_from_this();
     positions.emplace(name, names.size());
     names.push_back(std::move(name));
@@ -155,7 +165,7 @@ struct to_typed_options {
 namespace detail {
 
 struct any_root {
-  std::vector<std::int64_t> batch_size;
+  std::size_t batch_dims = 0;  // of the root level, whose dims alone carry names
   std::optional<at::Device> device;
   batch_names names = {};  // empty: no dim is named
 };
@@ -182,9 +192,10 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   using ops::operator==;
   using ops::operator!=;
   explicit AnyTensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt)
-      : root_(std::make_shared<detail::any_root>(
-            detail::any_root{std::vector<std::int64_t>(batch_size.begin(), batch_size.end()), device, {}})),
-        node_(std::make_shared<detail::any_node>()) {}
+      : root_(std::make_shared<detail::any_root>(detail::any_root{batch_size.size(), device, {}})),
+        node_(std::make_shared<detail::any_node>()) {
+    node_->batch.assign(batch_size.begin(), batch_size.end());
+  }
   explicit AnyTensorDict(std::initializer_list<std::int64_t> batch_size, std::optional<at::Device> device = std::nullopt)
       : AnyTensorDict(c10::IntArrayRef(batch_size.begin(), batch_size.size()), device) {}
 
@@ -213,14 +224,21 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   template <schema_type S>
   AnyTensorDict(const TensorDict<S>& typed) : AnyTensorDict(typed.batch_size(), typed.device()) {
     for (const auto& [path, tensor] : typed.items()) insert_leaf(any_key_path(path.begin(), path.end()), tensor);
+    // Nested levels keep dims of their own (a level without a set leaf is not kept).
+    for (std::size_t k = 1; k < S::node_count; ++k)  // parents first
+      if (const auto path = TensorDict<S>::node_path(k)) {
+        auto at = locate(any_key_path(path->begin(), path->end()));
+        if (at.node && !at.node->is_leaf(at.index)) at.node->children[at.index]->batch = typed.node_batch(k).vec();
+      }
     root_->names = detail::checked_names(typed.names(), typed.batch_size(), "names");
     if (typed.is_locked()) lock_();
   }
 
   // ---- structure --------------------------------------------------------------
 
-  c10::IntArrayRef batch_size() const { return root_->batch_size; }
-  std::size_t batch_dims() const { return root_->batch_size.size(); }
+  // This level's batch size: a nested level's starts with its parent's and may add dims.
+  c10::IntArrayRef batch_size() const { return node_->batch; }
+  std::size_t batch_dims() const { return node_->batch.size(); }
   const std::optional<at::Device>& device() const { return root_->device; }
 
   // The keys of this level, in insertion order.
@@ -312,12 +330,13 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
 
   // Sets a sub-tree: a new node holding the same tensors as `value`, whose
-  // batch size must equal this one's.
+  // batch size must start with that of the level that holds it (it may add
+  // dims of its own, as in Python: a [4, 3, 2] TensorDict under a [4, 3] one).
   AnyTensorDict& set(c10::ArrayRef<std::string> path, const AnyTensorDict& value) {
     if (path.empty()) throw key_error("AnyTensorDict.set: needs a key path of at least one key");
-    if (value.batch_size() != batch_size())
-      throw shape_error("AnyTensorDict.set(" + to_string(path) + "): expected a TensorDict with batch_size=" +
-                        format_sizes(batch_size()) + ", got batch_size=" + format_sizes(value.batch_size()));
+    if (const auto parent = batch_at(path); !detail::starts_with(value.batch_size(), parent))
+      throw shape_error("AnyTensorDict.set(" + to_string(path) + "): expected a TensorDict whose batch_size starts with " +
+                        format_sizes(parent) + ", got batch_size=" + format_sizes(value.batch_size()));
     auto copy = copy_node(*value.node_);
     if (device()) relocate(*copy, *device());
     parent_for_write(path, "AnyTensorDict.set").put(path.back(), at::Tensor(), std::move(copy));
@@ -339,18 +358,18 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // tensors; a missing key throws key_error unless strict is false.
   AnyTensorDict select(const std::vector<any_key_path>& paths, bool strict = true) const {
     AnyTensorDict out(batch_size(), device());
-    out.root_->names = root_->names;
+    out.root_->names = stored_names_padded();
     for (const auto& path : paths) {
       if (!strict && !contains(path)) continue;
       auto at = resolve(path, "AnyTensorDict.select");
-      out.put_entry(path, *at.node, at.index, "AnyTensorDict.select");
+      out.put_entry(path, *at.node, at.index, "AnyTensorDict.select", this);
     }
     return out;
   }
   // A new TensorDict without the given keys, over the same tensors; missing keys are ignored, as in Python.
   AnyTensorDict exclude(const std::vector<any_key_path>& paths) const {
     AnyTensorDict out(batch_size(), device());
-    out.root_->names = root_->names;
+    out.root_->names = stored_names_padded();
     out.node_ = copy_node(*node_);
     for (const auto& path : paths)
       if (out.contains(path)) out.erase(path);
@@ -368,6 +387,11 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       throw key_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): the new key exists (safe=true)");
     at::Tensor tensor = at.node->tensors[at.index];
     std::shared_ptr<detail::any_node> child = at.node->children[at.index];
+    const auto moved = child ? c10::IntArrayRef(child->batch) : tensor.sizes();
+    if (const auto there = batch_at(to); !detail::starts_with(moved, there))
+      throw shape_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): " +
+                        (child ? "the TensorDict's batch_size=" + format_sizes(moved) : "the leaf " + describe(tensor)) +
+                        " does not start with the batch size " + format_sizes(there) + " of the level that would hold it");
     detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
     at.node->erase_at(at.index);
     target.put(to.back(), std::move(tensor), std::move(child));
@@ -376,16 +400,18 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   // Sets every leaf of other at its key path (creating sub-trees), as Python's
   // update. Every leaf is checked before the first is set.
+  // Sub-trees it creates take other's batch sizes.
   AnyTensorDict& update(const AnyTensorDict& other) {
     std::vector<std::pair<any_key_path, at::Tensor>> incoming;
     other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      incoming.emplace_back(path, checked_leaf(t, path, "AnyTensorDict.update"));
       auto at = locate(path);
       if (at.node && !at.node->is_leaf(at.index))
         throw key_error("AnyTensorDict.update: " + to_string(path) + " is a sub-tree here and a tensor in other");
       check_writable_path(path, "AnyTensorDict.update");
+      incoming.emplace_back(path, checked_leaf(t, path, "AnyTensorDict.update", &other));
     });
-    for (auto& [path, t] : incoming) parent_for_write(path, "AnyTensorDict.update").put(path.back(), std::move(t), nullptr);
+    for (auto& [path, t] : incoming)
+      parent_for_write(path, "AnyTensorDict.update", &other).put(path.back(), std::move(t), nullptr);
     return *this;
   }
   // Writes other's leaves into this TensorDict's tensors in place (every key
@@ -451,13 +477,12 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   AnyTensorDict apply(F&& f, c10::IntArrayRef new_batch_size) const {
     return apply(std::forward<F>(f), new_batch_size, device());
   }
+  // A nested TensorDict with dims of its own keeps them after the new batch
+  // size (Python's: its leaves keep their shapes after the batch dims).
   template <class F>
   AnyTensorDict apply(F&& f, c10::IntArrayRef new_batch_size, std::optional<at::Device> new_device) const {
-    AnyTensorDict out(new_batch_size, new_device);
-    if (new_batch_size.equals(batch_size())) out.root_->names = root_->names;
-    any_key_path path;
-    out.node_ = map_node(*node_, out, f, path);
-    return out;
+    return mapped([&](const any_key_path&, const at::Tensor& t) { return f(t); }, new_batch_size, new_device,
+                  detail::nested_batch::follow, "TensorDict.apply");
   }
 
   // f(leaf, the leaf at the same key path of each other TensorDict), as
@@ -469,29 +494,23 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       if (!o->batch_size().equals(batch_size()))
         throw shape_error("TensorDict.apply: batch_size=" + format_sizes(batch_size()) + " and batch_size=" +
                           format_sizes(o->batch_size()) + " differ");
-    AnyTensorDict out(batch_size(), device());
-    out.root_->names = root_->names;
-    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      auto other_leaf = [&](const AnyTensorDict& o) -> const at::Tensor& {
-        auto at = o.locate(path);
-        if (!at.node || !at.node->is_leaf(at.index))
-          throw key_error("TensorDict.apply: the leaf " + to_string(path) + " is not in every TensorDict");
-        return at.node->tensors[at.index];
-      };
-      out.insert_leaf(path, out.checked_leaf(f(t, other_leaf(others)...), path, "TensorDict.apply"));
-    });
-    return out;
+    return mapped(
+        [&](const any_key_path& path, const at::Tensor& t) {
+          auto other_leaf = [&](const AnyTensorDict& o) -> const at::Tensor& {
+            auto at = o.locate(path);
+            if (!at.node || !at.node->is_leaf(at.index))
+              throw key_error("TensorDict.apply: the leaf " + to_string(path) + " is not in every TensorDict");
+            return at.node->tensors[at.index];
+          };
+          return f(t, other_leaf(others)...);
+        },
+        batch_size(), device(), detail::nested_batch::follow, "TensorDict.apply");
   }
 
   // f(key path, leaf) at every leaf, as Python's named_apply; f may return an undefined tensor to leave a leaf out.
   template <class F>
   AnyTensorDict named_apply(F&& f) const {
-    AnyTensorDict out(batch_size(), device());
-    out.root_->names = root_->names;
-    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      if (at::Tensor r = f(path, t); r.defined()) out.insert_leaf(path, out.checked_leaf(std::move(r), path, "TensorDict.named_apply"));
-    });
-    return out;
+    return mapped(f, batch_size(), device(), detail::nested_batch::follow, "TensorDict.named_apply");
   }
 
   // apply_, clone, detach, zero_, to, comparisons with a scalar, all, any,
@@ -590,6 +609,11 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   friend AnyTensorDict cat(c10::ArrayRef<AnyTensorDict>, std::int64_t);
 
   batch_names& stored_names() const { return root_->names; }
+  std::size_t named_dims() const { return root_->batch_dims; }
+  // The names for a new root with this level's batch size (a nested level's own dims have none).
+  batch_names stored_names_padded() const {
+    return root_->names.empty() ? batch_names{} : detail::names_or_none(root_->names, batch_dims());
+  }
 
   struct location {
     detail::any_node* node = nullptr;  // the node that holds the last key
@@ -598,7 +622,6 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   AnyTensorDict(std::shared_ptr<detail::any_root> root, std::shared_ptr<detail::any_node> node)
       : root_(std::move(root)), node_(std::move(node)) {}
-
 
   template <class... Keys>
   static any_key_path path_of(const Keys&... keys) {
@@ -654,9 +677,44 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     }
   }
 
-  // The node that will hold path.back(), its sub-trees created when missing.
+  // The batch size of the level that holds path.back(), or would once set
+  // creates the missing sub-trees (they take the deepest existing one's).
+  c10::IntArrayRef batch_at(c10::ArrayRef<std::string> path) const {
+    const detail::any_node* node = node_.get();
+    for (std::size_t k = 0; k + 1 < path.size(); ++k) {
+      const std::size_t i = node->find(path[k]);
+      if (i == npos || node->is_leaf(i)) break;
+      node = node->children[i].get();
+    }
+    return node->batch;
+  }
+  // As batch_at, where the sub-trees to create take the batch sizes of `like`'s sub-trees at the same keys.
+  c10::IntArrayRef batch_at(c10::ArrayRef<std::string> path, const AnyTensorDict& like) const {
+    const detail::any_node* node = node_.get();
+    const detail::any_node* theirs = like.node_.get();
+    bool mine = true;
+    for (std::size_t k = 0; k + 1 < path.size(); ++k) {
+      const std::size_t j = theirs->find(path[k]);
+      if (j == npos || theirs->is_leaf(j)) break;
+      theirs = theirs->children[j].get();
+      const std::size_t i = mine ? node->find(path[k]) : npos;
+      if (i == npos || node->is_leaf(i)) {
+        if (!detail::starts_with(theirs->batch, node->batch))
+          throw shape_error("AnyTensorDict.update: the TensorDict " + to_string(path.slice(0, k + 1)) + " has batch_size=" +
+                            format_sizes(theirs->batch) + ", which does not start with " + format_sizes(node->batch));
+        mine = false;
+        node = theirs;
+      } else {
+        node = node->children[i].get();
+      }
+    }
+    return node->batch;
+  }
+
+  // The node that will hold path.back(), its sub-trees created when missing
+  // (with the batch sizes of `like`'s sub-trees at the same keys, if given).
   // Nothing is created unless the whole call can succeed.
-  detail::any_node& parent_for_write(c10::ArrayRef<std::string> path, const char* op) {
+  detail::any_node& parent_for_write(c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like = nullptr) {
     detail::any_node* node = node_.get();
     std::size_t k = 0;
     for (; k + 1 < path.size(); ++k) {
@@ -669,7 +727,12 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       node = node->children[i].get();
     }
     check_unlocked(*node, path, op);
-    for (; k + 1 < path.size(); ++k) node = &node->add_child(path[k]);
+    for (; k + 1 < path.size(); ++k) {
+      node = &node->add_child(path[k]);
+      if (!like) continue;
+      auto theirs = like->locate(path.slice(0, k + 1));
+      if (theirs.node && !theirs.node->is_leaf(theirs.index)) node->batch = theirs.node->children[theirs.index]->batch;
+    }
     return *node;
   }
 
@@ -702,8 +765,9 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
 
   // Puts a copy of entry `index` of `from` (a leaf, or a sub-tree with the same tensors) at path.
-  void put_entry(c10::ArrayRef<std::string> path, const detail::any_node& from, std::size_t index, const char* op) {
-    detail::any_node& target = parent_for_write(path, op);
+  void put_entry(c10::ArrayRef<std::string> path, const detail::any_node& from, std::size_t index, const char* op,
+                 const AnyTensorDict* like) {
+    detail::any_node& target = parent_for_write(path, op, like);
     if (target.find(path.back()) != npos) throw key_error(std::string(op) + ": the key " + to_string(path) + " is given twice");
     if (from.is_leaf(index)) target.add_leaf(path.back(), from.tensors[index]);
     else target.add_child(path.back(), copy_node(*from.children[index]));
@@ -734,11 +798,14 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     node->add_leaf(path.back(), t);
   }
 
-  at::Tensor checked_leaf(at::Tensor t, c10::ArrayRef<std::string> path, const char* op) const {
+  // A leaf about to be set at path: on this TensorDict's device, starting with
+  // the batch size of the level that will hold it (see batch_at).
+  at::Tensor checked_leaf(at::Tensor t, c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like = nullptr) const {
     if (device() && t.device() != *device()) t = t.to(*device());
-    if (!detail::has_batch_prefix(t, batch_size()))
+    const auto batch = like ? batch_at(path, *like) : batch_at(path);
+    if (!detail::has_batch_prefix(t, batch))
       throw shape_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) +
-                        ", but its leading dims must be the batch size " + format_sizes(batch_size()));
+                        ", but its leading dims must be the batch size " + format_sizes(batch));
     return t;
   }
 
@@ -757,6 +824,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // The same structure in new nodes (unlocked, without a parent), holding the same tensors.
   static std::shared_ptr<detail::any_node> copy_node(const detail::any_node& from) {
     auto out = std::make_shared<detail::any_node>();
+    out->batch = from.batch;
     for (std::size_t i = 0; i < from.size(); ++i) {
       if (from.children[i]) out->add_child(from.names[i], copy_node(*from.children[i]));
       else out->add_leaf(from.names[i], from.tensors[i]);
@@ -779,32 +847,85 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       if (c) set_locked(*c, locked);
   }
 
-  // f at every leaf of `from`, into a new node of `out` (sub-trees that end empty stay, as in Python).
+  // f(path, leaf) at every leaf, into a new TensorDict of batch size `batch`
+  // whose nested levels' batch sizes follow `rule`; a leaf for which f
+  // returns an undefined tensor is left out, sub-trees that end empty stay
+  // (as in Python). Leaves are moved to `device` and checked against their level.
   template <class F>
-  static std::shared_ptr<detail::any_node> map_node(const detail::any_node& from, const AnyTensorDict& out, F& f,
-                                                    any_key_path& path) {
+  AnyTensorDict mapped(F&& f, c10::IntArrayRef batch, std::optional<at::Device> device, detail::nested_batch rule,
+                       const char* op) const {
+    AnyTensorDict out(batch, device);
+    if (batch.equals(batch_size())) out.root_->names = stored_names_padded();
+    any_key_path path;
+    out.node_ = map_level(*node_, batch, f, path, device, rule, op);
+    return out;
+  }
+  template <class F>
+  AnyTensorDict map_leaves(F&& f, c10::IntArrayRef batch, detail::nested_batch rule) const {
+    return mapped([&](const any_key_path&, const at::Tensor& t) { return f(t); }, batch, device(), rule, "TensorDict.batch_size");
+  }
+  template <class F>
+  static std::shared_ptr<detail::any_node> map_level(const detail::any_node& from, c10::IntArrayRef batch, F& f, any_key_path& path,
+                                                     const std::optional<at::Device>& device, detail::nested_batch rule,
+                                                     const char* op) {
     auto node = std::make_shared<detail::any_node>();
+    node->batch.assign(batch.begin(), batch.end());
     for (std::size_t i = 0; i < from.size(); ++i) {
       path.push_back(from.names[i]);
       if (from.children[i]) {
-        node->add_child(from.names[i], map_node(*from.children[i], out, f, path));
-      } else if (at::Tensor r = f(from.tensors[i]); r.defined()) {
-        node->add_leaf(from.names[i], out.checked_leaf(std::move(r), path, "TensorDict.apply"));
+        const auto& child = *from.children[i];
+        const auto child_batch = detail::nested_batch_size(rule, child.batch, from.batch, batch);
+        if (!detail::starts_with(child_batch, batch))
+          throw shape_error(std::string(op) + ": the nested TensorDict " + to_string(path) + " has batch_size=" +
+                            format_sizes(child.batch) + ", which does not start with " + format_sizes(batch));
+        node->add_child(from.names[i], map_level(child, child_batch, f, path, device, rule, op));
+      } else if (at::Tensor r = f(std::as_const(path), from.tensors[i]); r.defined()) {
+        if (device && r.device() != *device) r = r.to(*device);
+        if (!detail::has_batch_prefix(r, batch))
+          throw shape_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(r) +
+                            ", but its leading dims must be the batch size " + format_sizes(batch));
+        node->add_leaf(from.names[i], std::move(r));
       }
       path.pop_back();
     }
     return node;
   }
 
+  // Python's auto_batch_size_: nested levels first, then this one from its leaves' shapes and its levels' batch sizes.
+  AnyTensorDict auto_batched(std::optional<std::size_t> batch_dims) const {
+    AnyTensorDict out(batch_size(), device());
+    out.node_ = auto_level(*node_, batch_dims);
+    if (out.batch_size().equals(batch_size())) out.root_->names = stored_names_padded();
+    out.root_->batch_dims = out.batch_dims();
+    return out;
+  }
+  static std::shared_ptr<detail::any_node> auto_level(const detail::any_node& from, std::optional<std::size_t> batch_dims) {
+    auto node = std::make_shared<detail::any_node>();
+    std::vector<c10::IntArrayRef> shapes;
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      if (from.children[i]) {
+        node->add_child(from.names[i], auto_level(*from.children[i], batch_dims));
+        shapes.push_back(node->children.back()->batch);
+      } else {
+        node->add_leaf(from.names[i], from.tensors[i]);
+        shapes.push_back(from.tensors[i].sizes());
+      }
+    }
+    node->batch = detail::common_batch(shapes, from.batch, batch_dims);
+    return node;
+  }
+
   template <class F>
   AnyTensorDict compare(const AnyTensorDict& other, const char* op, F&& f) const {
-    AnyTensorDict out(batch_size(), device());
-    for_each_leaf([&](const any_key_path& path, const at::Tensor& a) {
-      auto at = other.locate(path);
-      if (!at.node || !at.node->is_leaf(at.index))
-        throw key_error(std::string("TensorDict ") + op + ": the leaf " + to_string(path) + " is set on one side only");
-      out.insert_leaf(path, f(a, at.node->tensors[at.index]));
-    });
+    AnyTensorDict out = mapped(
+        [&](const any_key_path& path, const at::Tensor& a) {
+          auto at = other.locate(path);
+          if (!at.node || !at.node->is_leaf(at.index))
+            throw key_error(std::string("TensorDict ") + op + ": the leaf " + to_string(path) + " is set on one side only");
+          return f(a, at.node->tensors[at.index]);
+        },
+        batch_size(), device(), detail::nested_batch::follow, op);
+    out.root_->names.clear();
     if (other.leaf_count() != out.leaf_count())
       other.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
         if (!locate(path).node)
@@ -836,6 +957,17 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       }
       leaves[found] = t;
     });
+    // The batch size of each nested level of S: the level here, or its parent's where there is none.
+    constexpr auto& parents = detail::node_parents_of<S>::value;
+    std::vector<std::vector<std::int64_t>> batches(S::node_count, batch_size().vec());
+    for (std::size_t k = 1; k < S::node_count; ++k) {  // parents first
+      const auto path = TensorDict<S>::node_path(k);
+      auto at = path ? locate(any_key_path(path->begin(), path->end())) : location{};
+      batches[k] = at.node && !at.node->is_leaf(at.index) ? at.node->children[at.index]->batch : batches[parents[k]];
+      if (like && !like->node_batch(k).equals(batches[k]))
+        problem(TensorDict<S>::node_name(k) + ": batch_size: expected " + format_sizes(like->node_batch(k)) + ", got " +
+                format_sizes(batches[k]));
+    }
     if (like) {
       if (like->batch_size() != batch_size())
         problem("batch_size: expected " + format_sizes(like->batch_size()) + ", got " + format_sizes(batch_size()));
@@ -850,6 +982,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     if (!problems.empty())
       throw key_error("AnyTensorDict.to_typed: the TensorDict does not match the schema:" + problems);
     TensorDict<S> out(std::move(leaves), batch_size(), device());
+    out.st_->batches = std::move(batches);
     if (is_locked()) out.lock_();
     return out;
   }
@@ -870,6 +1003,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       out += ": ";
       if (node.children[i]) {
         out += '{';
+        // A level with dims of its own beyond its parent's shows its batch size.
+        if (node.children[i]->batch != node.batch) out += "batch_size=" + format_sizes(node.children[i]->batch) + (node.children[i]->size() ? ", " : "");
         print_level(out, *node.children[i], false);
         out += '}';
       } else {
@@ -895,25 +1030,43 @@ inline AnyTensorDict unflatten_if_flat(const AnyTensorDict& td) {
   return flat && dotted ? td.unflatten_keys(".") : td;
 }
 
-// The leaves of several TensorDicts with the same keys, joined by join(path, parts).
-template <class Join>
-AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op, c10::IntArrayRef batch, Join&& join) {
-  const AnyTensorDict& first = tds[0];
+// The leaves of several TensorDicts with the same keys, joined by join(path,
+// parts), level by level: batch_of(the TensorDicts' views of a level, its
+// path) gives the joined level's batch size (nested levels keep dims of their own).
+template <class BatchOf, class Join>
+AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op, BatchOf&& batch_of, Join&& join) {
   std::vector<at::Tensor> parts(tds.size());
-  AnyTensorDict out(batch, first.device());
-  first.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
-    for (std::size_t k = 0; k < tds.size(); ++k) {
-      if (!tds[k].contains(path) || !tds[k].is_leaf(path))
-        throw key_error(std::string(op) + ": the leaf " + to_string(path) + " is in TensorDict 0 but not in TensorDict " +
-                        std::to_string(k));
-      parts[k] = tds[k].get(path);  // dtypes may differ: at::cat and at::stack promote, as torch.cat does
+  any_key_path path;
+  auto level = [&](auto& self, const std::vector<AnyTensorDict>& views, AnyTensorDict& out) -> void {
+    const AnyTensorDict& first = views[0];
+    for (const std::string& name : first.level_keys()) {
+      path.push_back(name);
+      const bool leaf = first.is_leaf({name});
+      for (std::size_t k = 1; k < views.size(); ++k)
+        if (!views[k].contains({name}) || views[k].is_leaf({name}) != leaf)
+          throw key_error(std::string(op) + ": the " + (leaf ? "leaf " : "TensorDict ") + to_string(path) +
+                          " is in TensorDict 0 but not in TensorDict " + std::to_string(k));
+      if (leaf) {
+        for (std::size_t k = 0; k < views.size(); ++k) parts[k] = views[k].get({name});  // at::cat and at::stack promote dtypes
+        out.set({name}, join(path, parts));
+      } else {
+        std::vector<AnyTensorDict> children;
+        for (const AnyTensorDict& v : views) children.push_back(v.get_tensordict({name}));
+        AnyTensorDict child(batch_of(children, path), first.device());
+        self(self, children, child);
+        out.set({name}, child);
+      }
+      path.pop_back();
     }
-    out.set(path, join(path, parts));
-  });
-  for (std::size_t k = 1; k < tds.size(); ++k)
-    if (tds[k].leaf_count() != first.leaf_count())
-      throw key_error(std::string(op) + ": TensorDict " + std::to_string(k) + " has " + std::to_string(tds[k].leaf_count()) +
-                      " leaves but TensorDict 0 has " + std::to_string(first.leaf_count()));
+    for (std::size_t k = 1; k < views.size(); ++k)  // every key of TensorDict 0 is there: an extra one?
+      if (views[k].level_keys().size() != first.level_keys().size())
+        throw key_error(std::string(op) + ": " + (path.empty() ? std::string("TensorDict ") : "under " + to_string(path) + ", TensorDict ") +
+                        std::to_string(k) + " has " + std::to_string(views[k].level_keys().size()) + " keys but TensorDict 0 has " +
+                        std::to_string(first.level_keys().size()));
+  };
+  std::vector<AnyTensorDict> roots(tds.begin(), tds.end());
+  AnyTensorDict out(batch_of(roots, path), tds[0].device());
+  level(level, roots, out);
   return out;
 }
 }  // namespace detail
@@ -926,13 +1079,17 @@ inline AnyTensorDict stack(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 
     throw index_error("tensordict::stack: dim " + std::to_string(dim) + " is out of range for batch_size=" +
                       format_sizes(tds[0].batch_size()));
   if (dim < 0) dim += nb + 1;
-  for (std::size_t k = 1; k < tds.size(); ++k)
-    if (tds[k].batch_size() != tds[0].batch_size())
-      throw shape_error("tensordict::stack: TensorDict 0 has batch_size=" + format_sizes(tds[0].batch_size()) +
-                        " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(tds[k].batch_size()));
-  std::vector<std::int64_t> batch(tds[0].batch_size().begin(), tds[0].batch_size().end());
-  batch.insert(batch.begin() + dim, static_cast<std::int64_t>(tds.size()));
-  return detail::join_tensordicts(tds, "tensordict::stack", batch,
+  auto batch_of = [&](const std::vector<AnyTensorDict>& views, const any_key_path& path) {
+    for (std::size_t k = 1; k < views.size(); ++k)
+      if (views[k].batch_size() != views[0].batch_size())
+        throw shape_error("tensordict::stack: " + (path.empty() ? std::string() : "the TensorDict " + to_string(path) + " of ") +
+                          "TensorDict 0 has batch_size=" + format_sizes(views[0].batch_size()) + " but TensorDict " +
+                          std::to_string(k) + " has batch_size=" + format_sizes(views[k].batch_size()));
+    std::vector<std::int64_t> batch = views[0].batch_size().vec();
+    batch.insert(batch.begin() + dim, static_cast<std::int64_t>(views.size()));
+    return batch;
+  };
+  return detail::join_tensordicts(tds, "tensordict::stack", batch_of,
                                   [&](const any_key_path& path, const std::vector<at::Tensor>& parts) {
                                     for (std::size_t k = 1; k < parts.size(); ++k)
                                       if (parts[k].sizes() != parts[0].sizes())
@@ -948,8 +1105,12 @@ inline AnyTensorDict stack(std::initializer_list<AnyTensorDict> tds, std::int64_
 
 // Concatenates TensorDicts with the same keys along an existing batch dim.
 inline AnyTensorDict cat(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0) {
-  const std::vector<std::int64_t> batch = detail::cat_batch_size(tds, dim);
-  return detail::join_tensordicts(tds, "tensordict::cat", batch,
+  detail::cat_batch_size(tds, dim);  // checks the batch sizes and resolves a negative dim
+  auto batch_of = [&](const std::vector<AnyTensorDict>& views, const any_key_path&) {
+    std::int64_t d = dim;
+    return detail::cat_batch_size(views, d);
+  };
+  return detail::join_tensordicts(tds, "tensordict::cat", batch_of,
                                   [&](const any_key_path& path, const std::vector<at::Tensor>& parts) {
                                     return detail::cat_leaf(parts, dim, to_string(path));
                                   });

@@ -46,12 +46,10 @@ inline memmap::level read_meta(const std::filesystem::path& dir) {
   return memmap::parse_meta(read_file(where, ""), where);
 }
 
+// Loads a level's entries into `out`, a view of that level (whose batch size is the level's).
 inline void load_memmap_level(AnyTensorDict& out, const std::filesystem::path& dir, const memmap::level& level,
                               any_key_path& path, const load_options& options) {
   const std::string where = (dir / "meta.json").string();
-  const auto batch = out.batch_size();
-  if (level.batch_size.size() < batch.size() || !std::equal(batch.begin(), batch.end(), level.batch_size.begin()))
-    throw file_error(where + ": the batch size does not start with the enclosing TensorDict's");
   for (const auto& e : level.entries) {
     path.push_back(e.name);
     if (e.type == memmap::entry::kind::leaf) {
@@ -66,14 +64,19 @@ inline void load_memmap_level(AnyTensorDict& out, const std::filesystem::path& d
         throw file_error(file_path + " has " + std::to_string(bytes.size()) + " bytes; " + where + " says " +
                          std::string(e.dtype->torch_name) + " of shape " + c10::str(c10::IntArrayRef(e.shape)) + ", " +
                          std::to_string(e.bytes) + " bytes");
-      out.set(path, tensor_over(file, bytes, dtype, mapped ? load_memory::mapped : load_memory::owned).view(e.shape));
+      out.set({e.name}, tensor_over(file, bytes, dtype, mapped ? load_memory::mapped : load_memory::owned).view(e.shape));
     } else if (e.type == memmap::entry::kind::nested) {
       const auto sub = dir / e.name;
       std::error_code ec;
       if (!std::filesystem::is_directory(sub, ec)) throw file_error(where + " names the TensorDict \"" + e.name + "\", but " + sub.string() + " is not a directory");
-      const std::size_t before = out.leaf_count();
-      load_memmap_level(out, sub, read_meta(sub), path, options);
-      if (out.leaf_count() == before && !out.contains(path)) out.set(path, AnyTensorDict(out.batch_size()));
+      const memmap::level sub_level = read_meta(sub);
+      // Each level has its batch size (Python's nested TensorDicts may add dims), starting with its parent's.
+      if (!starts_with(sub_level.batch_size, out.batch_size()))
+        throw file_error((sub / "meta.json").string() + ": the batch size " + format_sizes(sub_level.batch_size) +
+                         " does not start with the enclosing TensorDict's " + format_sizes(out.batch_size()));
+      out.set({e.name}, AnyTensorDict(sub_level.batch_size));
+      AnyTensorDict child = out.get_tensordict({e.name});
+      load_memmap_level(child, sub, sub_level, path, options);
     } else if (!options.skip_non_tensors) {
       throw file_error(to_string(path) + " holds a " + e.other + " (" + where +
                        "), not a tensor; load with load_options{.skip_non_tensors = true} to leave such values out");
@@ -100,8 +103,7 @@ inline void check_memmap_savable(const AnyTensorDict& td, any_key_path& path) {
   }
 }
 
-inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::path& dir, const nlohmann::ordered_json& batch,
-                              const nlohmann::ordered_json& device) {
+inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::path& dir, const nlohmann::ordered_json& device) {
   std::error_code ec;
   if (!std::filesystem::create_directory(dir, ec) || ec)
     throw file_error("cannot create the directory " + dir.string() + ": " + (ec ? ec.message() : "it exists"));
@@ -115,11 +117,11 @@ inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::pa
                     {"shape", std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end())},
                     {"dtype", file_dtype_of(t.scalar_type())->torch_name}};
     } else {
-      save_memmap_level(td.get_tensordict({name}), dir / name, batch, device);
+      save_memmap_level(td.get_tensordict({name}), dir / name, device);
       meta[name] = {{"type", "TensorDict"}};
     }
   }
-  meta["shape"] = batch;
+  meta["shape"] = td.batch_size().vec();  // each level its own: a nested one may add dims
   meta["device"] = device;
   meta["_type"] = memmap::tensordict_type;
   const std::string text = meta.dump();
@@ -179,7 +181,7 @@ inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
   try {
     if (!created.empty()) fs::create_directories(target.parent_path());
     const nlohmann::ordered_json device = td.device() ? td.device()->str() : "None";
-    detail::save_memmap_level(td, partial, td.batch_size().vec(), device);
+    detail::save_memmap_level(td, partial, device);
     detail::replace_directory(partial, target, where);
   } catch (const fs::filesystem_error& e) {
     undo();

@@ -7,8 +7,9 @@
 //
 // Leaves live in one array in schema order; a key path is turned into an
 // index by the compiler, so get<...>() does no string work at run time. A
-// sub-tree obtained with get<...>() is a view that shares the parent's leaves,
-// batch size and locks. A leaf may be unset (an undefined tensor): it is then
+// sub-tree obtained with get<...>() is a view that shares the parent's leaves
+// and locks; its batch size is its level's, which starts with the parent's
+// and may add dims (as Python's nested TensorDicts). A leaf may be unset (an undefined tensor): it is then
 // absent from keys(), items(), printing and every operation, as a missing key
 // is in Python.
 #pragma once
@@ -47,7 +48,9 @@ namespace detail {
 // What a TensorDict and the views into it share.
 struct storage {
   std::vector<at::Tensor> leaves;
-  std::vector<std::int64_t> batch_size;
+  // One per node of the root schema (0: the root): a nested level's batch
+  // size starts with its parent's and may add dims (Python allows it).
+  std::vector<std::vector<std::int64_t>> batches;
   std::optional<at::Device> device;
   batch_names names;                      // empty: no dim is named
   std::vector<std::uint8_t> locked;       // one flag per node of the root schema
@@ -103,8 +106,9 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
 
   // ---- structure ----------------------------------------------------------
 
-  c10::IntArrayRef batch_size() const { return st_->batch_size; }
-  std::size_t batch_dims() const { return st_->batch_size.size(); }
+  // This level's batch size: a nested level's starts with its parent's and may add dims.
+  c10::IntArrayRef batch_size() const { return node_batch(0); }
+  std::size_t batch_dims() const { return node_batch(0).size(); }
   const std::optional<at::Device>& device() const { return st_->device; }
 
   // Key paths of the set leaves, in schema order.
@@ -166,8 +170,9 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     }
   }
 
-  // Replaces a leaf (a tensor whose leading dims are the batch size) or a
-  // sub-tree (a TensorDict of that sub-schema and the same batch size).
+  // Replaces a leaf (a tensor whose leading dims are the batch size of the
+  // level that holds it) or a sub-tree (a TensorDict of that sub-schema whose
+  // batch size starts with that level's: it may add dims, as in Python).
   template <key... Path, class Value>
   TensorDict& set(Value&& value) {
     static_assert(sizeof...(Path) > 0, "tensordict: set<...>(value) needs a key path, e.g. set<\"0\", \"weight\">(t).");
@@ -188,13 +193,14 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
         static_assert(std::is_same_v<V, TensorDict<typename r::type>>,
                       "tensordict: set<...>(value) at a sub-tree takes a TensorDict with that sub-tree's schema "
                       "(the type of get<...>() at the same key path).");
-        if (!std::equal(value.batch_size().begin(), value.batch_size().end(), batch_size().begin(), batch_size().end()))
-          throw shape_error("TensorDict.set(" + path + "): expected a TensorDict with batch_size=" +
-                            format_sizes(batch_size()) + ", got batch_size=" +
+        if (!detail::starts_with(value.batch_size(), node_batch(r::parent_node)))
+          throw shape_error("TensorDict.set(" + path + "): expected a TensorDict whose batch_size starts with " +
+                            format_sizes(node_batch(r::parent_node)) + ", got batch_size=" +
                             format_sizes(value.batch_size()));
-        std::array<at::Tensor, V::leaf_count> incoming;
-        for (std::size_t i = 0; i < V::leaf_count; ++i) incoming[i] = checked_leaf(value.leaf(i), r::leaf_offset + i, "TensorDict.set");
+        std::array<at::Tensor, V::leaf_count> incoming;  // value's leaves start with its levels' batch sizes
+        for (std::size_t i = 0; i < V::leaf_count; ++i) incoming[i] = on_device(value.leaf(i));
         for (std::size_t i = 0; i < V::leaf_count; ++i) slot(r::leaf_offset + i) = std::move(incoming[i]);
+        for (std::size_t k = 0; k < V::schema_t::node_count; ++k) st_->batches[node_base_ + r::node_offset + k] = value.node_batch(k).vec();
       }
       return *this;
     }
@@ -254,7 +260,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
       return *this;
     } else {
       TensorDict<typename detail::rename_impl<S, Old, New>::type> out(batch_size(), device());
-      out.st_->names = st_->names;
+      out.st_->names = stored_names_padded();
+      out.st_->batches = node_batches();  // renaming keeps the order of leaves and nodes
       for (std::size_t i = 0; i < leaf_count; ++i) out.slot(i) = slot(i);
       return out;
     }
@@ -315,15 +322,10 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   TensorDict apply(F&& f, c10::IntArrayRef new_batch_size) const {
     return apply(std::forward<F>(f), new_batch_size, device());
   }
+  // A nested level with dims of its own keeps them after the new batch size.
   template <class F>
   TensorDict apply(F&& f, c10::IntArrayRef new_batch_size, std::optional<at::Device> new_device) const {
-    TensorDict out(new_batch_size, new_device);
-    if (new_batch_size.equals(batch_size())) out.st_->names = st_->names;
-    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
-      at::Tensor r = f(t);
-      out.slot(i) = out.checked_leaf(std::move(r), i, "TensorDict.apply");
-    });
-    return out;
+    return mapped(f, new_batch_size, new_device, detail::nested_batch::follow, "TensorDict.apply");
   }
 
   // f(leaf, the same leaf of each other TensorDict): Python's apply(fn, *others).
@@ -340,7 +342,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
       });
     }
     TensorDict out(batch_size(), device());
-    out.st_->names = st_->names;
+    out.st_->names = stored_names_padded();
+    out.st_->batches = node_batches();
     for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
       out.slot(i) = out.checked_leaf(f(t, others.slot(i)...), i, "TensorDict.apply");
     });
@@ -406,7 +409,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     std::string out = "TensorDict(batch_size=" + format_sizes(batch_size());
     if (device()) out += ", device=" + device()->str();
     out += ", fields={";
-    print_level<S>(out, 0, style == print_style::multiline);
+    print_level<S>(out, 0, 0, style == print_style::multiline);
     return out + "})";
   }
 
@@ -415,6 +418,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
  private:
   template <schema_type>
   friend class TensorDict;
+  friend class AnyTensorDict;
   template <schema_type T>
   friend TensorDict<T> stack(c10::ArrayRef<TensorDict<T>>, std::int64_t);
   template <schema_type T>
@@ -425,7 +429,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
 
   static std::shared_ptr<detail::storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device) {
     auto st = std::make_shared<detail::storage>();
-    st->batch_size.assign(batch_size.begin(), batch_size.end());
+    st->batches.assign(S::node_count, std::vector<std::int64_t>(batch_size.begin(), batch_size.end()));
     st->device = device;
     st->locked.assign(S::node_count, 0);
     st->node_parents = detail::node_parents_of<S>::value.data();
@@ -434,13 +438,100 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
 
   at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
   batch_names& stored_names() const { return st_->names; }
+  std::size_t named_dims() const { return st_->batches[0].size(); }
+  // The names for a new root with this level's batch size (a nested level's own dims have none).
+  batch_names stored_names_padded() const {
+    return st_->names.empty() ? batch_names{} : detail::names_or_none(st_->names, batch_dims());
+  }
+
+  // The batch size of node k of S (0: this level).
+  c10::IntArrayRef node_batch(std::size_t k) const { return st_->batches[node_base_ + k]; }
+  std::vector<std::vector<std::int64_t>> node_batches() const {
+    const auto first = st_->batches.begin() + static_cast<std::ptrdiff_t>(node_base_);
+    return {first, first + static_cast<std::ptrdiff_t>(S::node_count)};
+  }
+  // The node batch sizes of a TensorDict of S with batch size `batch`, its nested levels' following `rule`.
+  std::vector<std::vector<std::int64_t>> mapped_batches(c10::IntArrayRef batch, detail::nested_batch rule, const char* op) const {
+    constexpr auto& parents = detail::node_parents_of<S>::value;
+    std::vector<std::vector<std::int64_t>> out(S::node_count);
+    out[0] = batch.vec();
+    for (std::size_t k = 1; k < S::node_count; ++k) {
+      out[k] = detail::nested_batch_size(rule, node_batch(k), node_batch(parents[k]), out[parents[k]]);
+      if (!detail::starts_with(out[k], out[parents[k]]))
+        throw shape_error(std::string(op) + ": the nested TensorDict " + node_name(k) + " has batch_size=" +
+                          format_sizes(node_batch(k)) + ", which does not start with " + format_sizes(out[parents[k]]));
+    }
+    return out;
+  }
+  // f(leaf) at every set leaf, into a TensorDict of batch size `batch` whose nested levels follow `rule`.
+  template <class F>
+  TensorDict mapped(F& f, c10::IntArrayRef batch, std::optional<at::Device> device, detail::nested_batch rule, const char* op) const {
+    TensorDict out(batch, device);
+    if (batch.equals(batch_size())) out.st_->names = stored_names_padded();
+    out.st_->batches = mapped_batches(batch, rule, op);
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { out.slot(i) = out.checked_leaf(f(t), i, op); });
+    return out;
+  }
+  template <class F>
+  TensorDict map_leaves(F&& f, c10::IntArrayRef batch, detail::nested_batch rule) const {
+    return mapped(f, batch, device(), rule, "TensorDict.batch_size");
+  }
+  // Python's auto_batch_size_: each level from its leaves' shapes and its nested levels' batch sizes, the deepest first.
+  TensorDict auto_batched(std::optional<std::size_t> batch_dims) const {
+    constexpr auto& parents = detail::node_parents_of<S>::value;
+    std::vector<std::vector<c10::IntArrayRef>> shapes(S::node_count);
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { shapes[leaf_paths_v<S>[i].parent_node].push_back(t.sizes()); });
+    std::vector<std::vector<std::int64_t>> batches(S::node_count);
+    for (std::size_t k = S::node_count; k-- > 0;) {
+      batches[k] = detail::common_batch(shapes[k], node_batch(k), batch_dims);
+      if (k > 0) shapes[parents[k]].push_back(batches[k]);
+    }
+    TensorDict out(batches[0], device());
+    if (out.batch_size().equals(batch_size())) out.st_->names = stored_names_padded();
+    out.st_->batches = std::move(batches);
+    for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { out.slot(i) = t; });
+    return out;
+  }
+
+  // The key path of node k of S (0: this level), read off a leaf below it;
+  // nullopt when no leaf is below it (an empty sub-schema).
+  static std::optional<std::vector<std::string_view>> node_path(std::size_t k) {
+    constexpr auto& parents = detail::node_parents_of<S>::value;
+    std::size_t depth = 0;
+    for (std::size_t p = k; p != 0; p = parents[p]) ++depth;
+    for (const auto& leaf : leaf_paths_v<S>)
+      for (std::size_t p = leaf.parent_node;; p = parents[p]) {
+        if (p == k) return std::vector<std::string_view>(leaf.parts.begin(), leaf.parts.begin() + static_cast<std::ptrdiff_t>(depth));
+        if (p == 0) break;
+      }
+    return std::nullopt;
+  }
+  static std::string node_name(std::size_t k) {
+    const auto path = node_path(k);
+    return path ? format_key_path(path->data(), path->size()) : "(an empty sub-schema)";
+  }
+
 
   // A TensorDict of Map::type whose leaf i is this one's leaf Map::leaves[i].
   template <class Map>
   TensorDict<typename Map::type> remapped() const {
-    TensorDict<typename Map::type> out(batch_size(), device());
-    out.st_->names = st_->names;
-    for (std::size_t i = 0; i < Map::type::leaf_count; ++i) out.slot(i) = slot(Map::leaves[i]);
+    using T = typename Map::type;
+    TensorDict<T> out(batch_size(), device());
+    out.st_->names = stored_names_padded();
+    for (std::size_t i = 0; i < T::leaf_count; ++i) out.slot(i) = slot(Map::leaves[i]);
+    // Each nested field keeps its levels' batch sizes (a field's nodes are contiguous in both schemas).
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using child = typename T::template field_at<I>::type;
+            if constexpr (!std::is_same_v<child, tensor_leaf>) {
+              constexpr std::size_t from = S::node_offsets[S::find(T::names[I])];
+              for (std::size_t k = 0; k < child::node_count; ++k)
+                out.st_->batches[T::node_offsets[I] + k] = node_batch(from + k).vec();
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<T::field_count>{});
     return out;
   }
 
@@ -459,13 +550,18 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     throw key_error("TensorDict.get: the leaf " + path_of(leaf) + " is not set");
   }
 
-  // A leaf about to be stored at index i: on this TensorDict's device, with the batch dims in front.
+  at::Tensor on_device(at::Tensor t) const {
+    if (t.defined() && device() && t.device() != *device()) t = t.to(*device());
+    return t;
+  }
+  // A leaf about to be stored at index i: on this TensorDict's device, with its level's batch dims in front.
   at::Tensor checked_leaf(at::Tensor t, std::size_t i, const char* op, const std::string& path = {}) const {
     if (!t.defined()) return t;
-    if (device() && t.device() != *device()) t = t.to(*device());
-    if (!detail::has_batch_prefix(t, batch_size()))
+    t = on_device(std::move(t));
+    const c10::IntArrayRef batch = node_batch(leaf_paths_v<S>[i].parent_node);
+    if (!detail::has_batch_prefix(t, batch))
       throw shape_error(std::string(op) + ": the leaf " + (path.empty() ? path_of(i) : path) + " is " + describe(t) +
-                        ", but its leading dims must be the batch size " + format_sizes(batch_size()));
+                        ", but its leading dims must be the batch size " + format_sizes(batch));
     return t;
   }
 
@@ -479,6 +575,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   template <class F>
   TensorDict compare(const TensorDict& other, const char* op, F&& f) const {
     TensorDict out(batch_size(), device());
+    out.st_->batches = node_batches();
     for (std::size_t i = 0; i < leaf_count; ++i) {
       const at::Tensor& a = slot(i);
       const at::Tensor& b = other.slot(i);
@@ -491,14 +588,14 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
 
   // Prints the fields of sub-schema T (whose leaves start at `base`), keys sorted as Python sorts them.
   template <class T>
-  void print_level(std::string& out, std::size_t base, bool multiline) const {
+  void print_level(std::string& out, std::size_t base, std::size_t node, bool multiline) const {
     std::array<std::size_t, T::field_count> order{};
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [](std::size_t a, std::size_t b) { return T::names[a] < T::names[b]; });
     bool first = true;
     for (std::size_t i : order) {
       std::string field;
-      if (!print_field<T>(field, i, base)) continue;
+      if (!print_field<T>(field, i, base, node)) continue;
       if (!first) out += multiline ? "," : ", ";
       if (multiline) out += "\n    ";
       out += T::names[i];
@@ -510,22 +607,27 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
 
   // One field of T; false when it is an unset leaf.
   template <class T>
-  bool print_field(std::string& out, std::size_t field, std::size_t base) const {
+  bool print_field(std::string& out, std::size_t field, std::size_t base, std::size_t node) const {
     bool printed = false;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((I == field ? (printed = print_child<typename T::template field_at<I>::type>(out, base + T::leaf_offsets[I])) : false), ...);
+      ((I == field ? (printed = print_child<typename T::template field_at<I>::type>(out, base + T::leaf_offsets[I], node,
+                                                                                    node + T::node_offsets[I]))
+                   : false),
+       ...);
     }(std::make_index_sequence<T::field_count>{});
     return printed;
   }
 
   template <class Child>
-  bool print_child(std::string& out, std::size_t base) const {
+  bool print_child(std::string& out, std::size_t base, std::size_t parent, std::size_t node) const {
     if constexpr (std::is_same_v<Child, tensor_leaf>) {
       if (!slot(base).defined()) return false;
       out += describe(slot(base));
     } else {
       out += '{';
-      print_level<Child>(out, base, false);
+      // A level with dims of its own beyond its parent's shows its batch size.
+      if (!node_batch(node).equals(node_batch(parent))) out += "batch_size=" + format_sizes(node_batch(node)) + ", ";
+      print_level<Child>(out, base, node, false);
       out += '}';
     }
     return true;
@@ -562,6 +664,15 @@ TensorDict<S> stack(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
   std::vector<std::int64_t> batch(first.batch_size().begin(), first.batch_size().end());
   batch.insert(batch.begin() + dim, static_cast<std::int64_t>(tds.size()));
   TensorDict<S> out(batch, first.device());
+  for (std::size_t node = 1; node < S::node_count; ++node) {  // nested levels with dims of their own keep them
+    for (std::size_t k = 1; k < tds.size(); ++k)
+      if (!tds[k].node_batch(node).equals(first.node_batch(node)))
+        throw shape_error("tensordict::stack: the TensorDict " + first.node_name(node) + " has batch_size=" +
+                          format_sizes(first.node_batch(node)) + " in TensorDict 0 but " + format_sizes(tds[k].node_batch(node)) +
+                          " in TensorDict " + std::to_string(k));
+    out.st_->batches[node] = first.node_batch(node).vec();
+    out.st_->batches[node].insert(out.st_->batches[node].begin() + dim, static_cast<std::int64_t>(tds.size()));
+  }
   std::vector<at::Tensor> parts(tds.size());
   for (std::size_t i = 0; i < S::leaf_count; ++i) {
     if (!first.leaf(i).defined()) continue;
@@ -616,6 +727,17 @@ template <schema_type S>
 TensorDict<S> cat(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
   const std::vector<std::int64_t> batch = detail::cat_batch_size(tds, dim);
   TensorDict<S> out(batch, tds[0].device());
+  for (std::size_t node = 1; node < S::node_count; ++node) {  // nested levels with dims of their own keep them
+    struct level {
+      c10::IntArrayRef sizes;
+      c10::IntArrayRef batch_size() const { return sizes; }
+      std::size_t batch_dims() const { return sizes.size(); }
+    };
+    std::vector<level> levels;
+    for (const auto& td : tds) levels.push_back({td.node_batch(node)});
+    std::int64_t d = dim;
+    out.st_->batches[node] = detail::cat_batch_size(levels, d);
+  }
   std::vector<at::Tensor> parts(tds.size());
   for (std::size_t i = 0; i < S::leaf_count; ++i) {
     for (std::size_t k = 0; k < tds.size(); ++k) {

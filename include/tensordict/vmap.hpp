@@ -159,20 +159,8 @@ template <class Out>
 Out concatenate(const std::vector<Out>& chunks) {
   if constexpr (is_tensor_v<Out>) {
     return at::cat(chunks, 0);
-  } else if constexpr (is_td_v<Out> && !requires { Out::leaf_count; }) {
-    return cat(chunks, 0);  // AnyTensorDict's, found by argument-dependent lookup
   } else if constexpr (is_td_v<Out>) {
-    std::vector<std::int64_t> batch(chunks[0].batch_size().begin(), chunks[0].batch_size().end());
-    batch[0] = 0;
-    for (const auto& c : chunks) batch[0] += c.batch_size()[0];
-    std::array<at::Tensor, Out::leaf_count> leaves;
-    std::vector<at::Tensor> parts(chunks.size());
-    for (std::size_t i = 0; i < Out::leaf_count; ++i) {
-      if (!chunks[0].leaf(i).defined()) continue;
-      for (std::size_t k = 0; k < chunks.size(); ++k) parts[k] = chunks[k].leaf(i);
-      leaves[i] = at::cat(parts, 0);
-    }
-    return Out(std::move(leaves), batch, chunks[0].device());
+    return cat(chunks, 0);  // the TensorDict's own (argument-dependent lookup): nested batch sizes join too
   } else if constexpr (requires { std::tuple_size<Out>::value; }) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return Out{concatenate(column<I>(chunks))...};

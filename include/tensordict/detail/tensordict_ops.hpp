@@ -56,8 +56,44 @@ inline batch_names checked_names(const batch_names& names, c10::IntArrayRef batc
   if (std::none_of(names.begin(), names.end(), [](const auto& n) { return n.has_value(); })) return {};
   return names;
 }
+// The stored names, one per batch dim: a nested level's own dims (beyond the root's) have none.
 inline batch_names names_or_none(const batch_names& stored, std::size_t batch_dims) {
-  return stored.empty() ? batch_names(batch_dims) : stored;
+  batch_names out = stored;
+  out.resize(batch_dims);
+  return out;
+}
+
+// How a verb on the batch dims sets the batch size of a nested TensorDict,
+// which Python lets add dims of its own after its parent's ({"sub": TD of
+// [4, 3, 2]} under [4, 3]).
+enum class nested_batch {
+  follow,  // the parent's new batch size, then the dims this level adds (index, reshape, stack, ...)
+  parent,  // the parent's new batch size (reductions of every leaf to a scalar)
+  setter,  // Python's batch_size setter: kept unless shorter than the parent's new one, which it then takes
+};
+inline std::vector<std::int64_t> nested_batch_size(nested_batch rule, c10::IntArrayRef old_node, c10::IntArrayRef old_parent,
+                                                   c10::IntArrayRef new_parent) {
+  std::vector<std::int64_t> out(new_parent.begin(), new_parent.end());
+  if (rule == nested_batch::follow && old_node.size() > old_parent.size())
+    out.insert(out.end(), old_node.begin() + static_cast<std::ptrdiff_t>(old_parent.size()), old_node.end());
+  if (rule == nested_batch::setter && old_node.size() >= new_parent.size()) out.assign(old_node.begin(), old_node.end());
+  return out;
+}
+// The longest leading sizes that every shape shares, at most max_dims long;
+// `fallback` (so limited) when there is no shape.
+inline std::vector<std::int64_t> common_batch(const std::vector<c10::IntArrayRef>& shapes, c10::IntArrayRef fallback,
+                                              std::optional<std::size_t> max_dims) {
+  std::vector<std::int64_t> out = shapes.empty() ? fallback.vec() : shapes[0].vec();
+  for (const auto& s : shapes) {
+    std::size_t n = 0;
+    while (n < out.size() && n < s.size() && out[n] == s[n]) ++n;
+    out.resize(n);
+  }
+  if (max_dims && out.size() > *max_dims) out.resize(*max_dims);
+  return out;
+}
+inline bool starts_with(c10::IntArrayRef sizes, c10::IntArrayRef prefix) {
+  return sizes.size() >= prefix.size() && sizes.slice(0, prefix.size()) == prefix;
 }
 // Python's refine_names: unnamed dims take the new name, named ones must keep theirs.
 inline batch_names refined_names(const batch_names& stored, const batch_names& names, c10::IntArrayRef batch, const char* op) {
@@ -135,29 +171,20 @@ class tensordict_ops {
   // each of which must start with it (shape_error naming the leaf otherwise;
   // this TensorDict is then unchanged). Batch dim names are dropped where the
   // batch size changes. Other handles of this TensorDict keep their batch size.
+  // A nested TensorDict keeps its batch size unless it is shorter than the new one, which it then takes (as in Python).
   Derived& set_batch_size(c10::IntArrayRef batch) {
-    Derived resized = self().apply([](const at::Tensor& t) { return t; }, batch);
+    Derived resized = self().map_leaves([](const at::Tensor& t) { return t; }, batch, nested_batch::setter);
     static_cast<Derived&>(*this) = std::move(resized);
     return static_cast<Derived&>(*this);
   }
 
-  // Python's td.auto_batch_size_(batch_dims): the batch size becomes the
-  // longest leading shape that every leaf shares, at most batch_dims long.
+  // Python's td.auto_batch_size_(batch_dims): each level's batch size becomes
+  // the longest leading shape that its leaves and nested batch sizes share
+  // (nested levels first), at most batch_dims long; an empty level keeps its own.
   Derived& auto_batch_size_(std::optional<std::size_t> batch_dims = std::nullopt) {
-    std::optional<std::vector<std::int64_t>> common;
-    for (const at::Tensor& t : self().values()) {
-      if (!t.defined()) continue;
-      if (!common) {
-        common = t.sizes().vec();
-        continue;
-      }
-      std::size_t n = 0;
-      while (n < common->size() && n < static_cast<std::size_t>(t.dim()) && (*common)[n] == t.size(n)) ++n;
-      common->resize(n);
-    }
-    std::vector<std::int64_t> batch = common.value_or(self().batch_size().vec());
-    if (batch_dims && batch.size() > *batch_dims) batch.resize(*batch_dims);
-    return set_batch_size(batch);
+    Derived resized = self().auto_batched(batch_dims);
+    static_cast<Derived&>(*this) = std::move(resized);
+    return static_cast<Derived&>(*this);
   }
 
   Derived clone() const {
@@ -403,6 +430,7 @@ class tensordict_ops {
   batch_names names() const { return names_or_none(self().stored_names(), self().batch_size().size()); }
   // Names the batch dims in place (Python's refine_names): a dim already named keeps its name.
   Derived& refine_names(const batch_names& names) {
+    check_nameable("refine_names");
     self().stored_names() = refined_names(self().stored_names(), names, self().batch_size(), "refine_names");
     return static_cast<Derived&>(*this);
   }
@@ -413,6 +441,7 @@ class tensordict_ops {
     return out;
   }
   Derived& rename_(const batch_names& names) {
+    check_nameable("rename_");
     self().stored_names() = checked_names(names, self().batch_size(), "rename_");
     return static_cast<Derived&>(*this);
   }
@@ -485,14 +514,14 @@ class tensordict_ops {
 
   // The 2-norm of each leaf (all its elements), as a TensorDict with batch_size [] (Python's td.norm()).
   Derived norm() const {
-    return self().apply([](const at::Tensor& t) { return t.norm(); }, std::vector<std::int64_t>{});
+    return self().map_leaves([](const at::Tensor& t) { return t.norm(); }, std::vector<std::int64_t>{}, nested_batch::parent);
   }
 
   // Reductions as Python's: without a dim, every leaf to a scalar (batch_size
   // []); over one batch dim, or a list of them (all batch dims: the batch
   // reduced, each leaf keeping its own dims), with keepdim.
   Derived sum() const {
-    return self().apply([](const at::Tensor& t) { return t.sum(); }, std::vector<std::int64_t>{});
+    return self().map_leaves([](const at::Tensor& t) { return t.sum(); }, std::vector<std::int64_t>{}, nested_batch::parent);
   }
   Derived sum(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "sum", [](const at::Tensor& t, std::int64_t d, bool k) { return t.sum(d, k); });
@@ -501,7 +530,7 @@ class tensordict_ops {
     return reduced(dims, keepdim, "sum", [](const at::Tensor& t, std::int64_t d, bool k) { return t.sum(d, k); });
   }
   Derived mean() const {
-    return self().apply([](const at::Tensor& t) { return t.mean(); }, std::vector<std::int64_t>{});
+    return self().map_leaves([](const at::Tensor& t) { return t.mean(); }, std::vector<std::int64_t>{}, nested_batch::parent);
   }
   Derived mean(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "mean", [](const at::Tensor& t, std::int64_t d, bool k) { return t.mean(d, k); });
@@ -510,7 +539,7 @@ class tensordict_ops {
     return reduced(dims, keepdim, "mean", [](const at::Tensor& t, std::int64_t d, bool k) { return t.mean(d, k); });
   }
   Derived max() const {
-    return self().apply([](const at::Tensor& t) { return t.max(); }, std::vector<std::int64_t>{});
+    return self().map_leaves([](const at::Tensor& t) { return t.max(); }, std::vector<std::int64_t>{}, nested_batch::parent);
   }
   Derived max(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "max", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amax(d, k); });
@@ -519,7 +548,7 @@ class tensordict_ops {
     return reduced(dims, keepdim, "max", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amax(d, k); });
   }
   Derived min() const {
-    return self().apply([](const at::Tensor& t) { return t.min(); }, std::vector<std::int64_t>{});
+    return self().map_leaves([](const at::Tensor& t) { return t.min(); }, std::vector<std::int64_t>{}, nested_batch::parent);
   }
   Derived min(std::int64_t dim, bool keepdim = false) const {
     return reduced(dim, keepdim, "min", [](const at::Tensor& t, std::int64_t d, bool k) { return t.amin(d, k); });
@@ -529,6 +558,13 @@ class tensordict_ops {
   }
 
  protected:
+  // Names live with the root's batch dims; a nested view with dims of its own cannot name them in place.
+  void check_nameable(const char* op) const {
+    if (self().named_dims() != self().batch_size().size())
+      throw value_error(std::string("TensorDict.") + op + ": this nested TensorDict has batch_size=" +
+                        format_sizes(self().batch_size()) + ", longer than the root's " + std::to_string(self().named_dims()) +
+                        " batch dims, which alone carry names; name a copy (rename(...)) or the root");
+  }
   std::int64_t batch_dim(std::int64_t dim, const char* op) const {
     const auto nb = static_cast<std::int64_t>(self().batch_size().size());
     if (dim < -nb || dim >= nb)
