@@ -19,6 +19,9 @@
 // throws leaves the TensorDict as it was.
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "typed_tensordict.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -42,7 +45,6 @@
 #include "detail/format.hpp"
 #include "detail/tensordict_ops.hpp"
 #include "errors.hpp"
-#include "typed_tensordict.hpp"
 
 namespace tensordict {
 

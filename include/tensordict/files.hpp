@@ -20,6 +20,9 @@
 // load_memory::mapped promises).
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "file_options.hpp"
+
 #include <algorithm>
 #include <array>
 #include <memory>
@@ -40,7 +43,6 @@
 #include "detail/file_tensors.hpp"
 #include "detail/torch_archive.hpp"
 #include "errors.hpp"
-#include "file_options.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict {

@@ -6,13 +6,15 @@
 //   tensordict::AnyTensorDict any = tensordict::from_module(seq);  // a torch::nn::Sequential
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "modules/builtin.hpp"
+
 #include <array>
 #include <cstddef>
 #include <utility>
 
 #include "any_tensordict.hpp"
 #include "detail/module_slots.hpp"
-#include "modules/builtin.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict {

@@ -7,6 +7,9 @@
 //   auto z = tensordict::functional_call(seq, any_params, x);   // a torch::nn::Sequential
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "module_registry.hpp"
+
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -17,7 +20,6 @@
 
 #include "any_tensordict.hpp"
 #include "errors.hpp"
-#include "module_registry.hpp"
 #include "modules/builtin.hpp"
 #include "to_module.hpp"
 #include "typed_tensordict.hpp"

@@ -25,6 +25,9 @@
 // is an AnyTensorDict and the outputs are the module's (output, state).
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "functional.hpp"  // the verbs it builds on, from_modules to stack the sets among them
+
 #include <array>
 #include <concepts>
 #include <cstdint>
@@ -43,7 +46,6 @@
 
 #include "any_tensordict.hpp"
 #include "detail/parallel_sets.hpp"
-#include "functional.hpp"  // the verbs it builds on, from_modules to stack the sets among them
 #include "functional_call.hpp"
 #include "module_registry.hpp"
 #include "modules/builtin.hpp"

@@ -10,6 +10,9 @@
 // compiler, and a TensorDict that lacks an in key does not compile.
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "functional_vmap.hpp"
+
 #include <cstdint>
 #include <array>
 #include <optional>
@@ -22,7 +25,6 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "functional_vmap.hpp"
 #include "params.hpp"
 #include "reset_parameters.hpp"
 

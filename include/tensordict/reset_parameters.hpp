@@ -14,6 +14,9 @@
 // guards (a leaf that requires grad is fine: no_grad).
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "to_module.hpp"
+
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -29,7 +32,6 @@
 #include "from_module.hpp"
 #include "module_registry.hpp"
 #include "modules/builtin.hpp"
-#include "to_module.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict::nn {

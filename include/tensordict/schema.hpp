@@ -11,6 +11,9 @@
 // included, so this header compiles with clang too.
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "keys.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -19,8 +22,6 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
-
-#include "keys.hpp"
 
 namespace tensordict {
 

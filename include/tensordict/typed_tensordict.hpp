@@ -14,6 +14,9 @@
 // is in Python.
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "schema.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -35,7 +38,6 @@
 #include "detail/tensordict_ops.hpp"
 #include "errors.hpp"
 #include "keys.hpp"
-#include "schema.hpp"
 
 namespace tensordict {
 

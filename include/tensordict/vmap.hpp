@@ -11,6 +11,9 @@
 // std::vectors of them.
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "errors.hpp"
+
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -28,7 +31,6 @@
 
 #define TENSORDICT_COMPAT_FUNCTORCH
 #include "detail/compat.hpp"
-#include "errors.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict {

@@ -20,6 +20,9 @@
 // without tensors are left out (as the reference's filter_empty).
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "../vmap.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -44,7 +47,6 @@
 #include "../keys.hpp"
 #include "../schema.hpp"
 #include "../typed_tensordict.hpp"
-#include "../vmap.hpp"
 
 // Names the members of a user module once:
 //   struct NetImpl : torch::nn::Module { torch::nn::Linear fc{nullptr}; at::Tensor scale; ... };
@@ -273,8 +275,6 @@ inline constexpr bool is_dynamic_module_v<std::shared_ptr<T>> = is_dynamic_modul
 
 template <class M>
 concept dynamic_module = is_dynamic_module_v<std::remove_cvref_t<M>>;
-
-
 
 // ---- module types whose tensors depend on their options ------------------------
 

@@ -10,6 +10,9 @@
 // every set, batch row and head as one bmm.
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "linear.hpp"
+
 #include <cmath>
 #include <cstddef>
 #include <tuple>
@@ -21,7 +24,6 @@
 #include <torch/nn/modules/activation.h>
 
 #include "adapter.hpp"
-#include "linear.hpp"
 
 namespace tensordict::nn {
 

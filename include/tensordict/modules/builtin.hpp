@@ -3,6 +3,9 @@
 // one header here; a type is added to its family's list beside its adapter.
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "transformer.hpp"
+
 #include <type_traits>
 
 #include "activation.hpp"
@@ -15,7 +18,6 @@
 #include "parameter_free.hpp"
 #include "recurrent.hpp"
 #include "sequential.hpp"
-#include "transformer.hpp"
 
 namespace tensordict::nn::detail {
 

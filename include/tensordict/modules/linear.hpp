@@ -4,6 +4,9 @@
 // inputs).
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "adapter.hpp"
+
 #include <cstdint>
 #include <vector>
 
@@ -13,8 +16,6 @@
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/linear.h>
 #include <torch/nn/modules/linear.h>
-
-#include "adapter.hpp"
 
 namespace tensordict::nn {
 

@@ -5,6 +5,9 @@
 // sets as groups of channels), and BatchNorm in eval.
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "conv.hpp"  // the sets-as-channels reshapes
+
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -19,7 +22,6 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "adapter.hpp"
-#include "conv.hpp"  // the sets-as-channels reshapes
 
 namespace tensordict::nn {
 

@@ -15,6 +15,9 @@
 //   (a LayerNorm, or a norm without tensors).
 #pragma once
 
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "attention.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -39,7 +42,6 @@
 #include "../detail/core_cache.hpp"
 #include "../errors.hpp"
 #include "adapter.hpp"
-#include "attention.hpp"
 #include "linear.hpp"
 #include "normalization.hpp"
 #include "parameter_free.hpp"
