@@ -9,9 +9,9 @@
 // index by the compiler, so get<...>() does no string work at run time. A
 // sub-tree obtained with get<...>() is a view that shares the parent's leaves
 // and locks; its batch size is its level's, which starts with the parent's
-// and may add dims (as Python's nested TensorDicts). A leaf may be unset (an undefined tensor): it is then
-// absent from keys(), items(), printing and every operation, as a missing key
-// is in Python.
+// and may add dims (as Python's nested TensorDicts). A leaf may be unset (an
+// undefined tensor): it is then absent from keys(), items(), printing and
+// every operation, as a missing key is in Python.
 #pragma once
 
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
