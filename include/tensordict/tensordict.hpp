@@ -5,6 +5,7 @@
 
 #include "any_tensordict.hpp"
 #include "dict.hpp"
+#include "distributions.hpp"
 #include "errors.hpp"
 #include "files.hpp"
 #include "from_module.hpp"

@@ -1,0 +1,274 @@
+// Distributions, against Python: the tensordict 0.4 fixtures
+// (tests/data/tensordict-v0.4-nn: the distributions their policies built, with
+// the parameters, fixed actions, log-probs and entropies Python computed) and
+// tests/data/distributions.pt (torch.distributions' values and samples, made by
+// tests/data/make_distributions.py).
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "catch_torch.hpp"
+#include "test_helpers.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/isinf.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <tensordict/distributions.hpp>
+#include <tensordict/files.hpp>
+#include <tensordict/memmap.hpp>
+
+using namespace tensordict;
+namespace tdn = tensordict::nn;
+using test::Contains;
+
+namespace {
+
+// Python's value within 1e-6 relative (the tolerance), same shape and dtype.
+bool near(const at::Tensor& ours, const at::Tensor& python) {
+  INFO("ours " << describe(ours) << ", Python's " << describe(python));
+  return ours.sizes() == python.sizes() && ours.scalar_type() == python.scalar_type() &&
+         at::allclose(ours, python, 1e-6, 1e-7);
+}
+
+std::string nn_fixture(const std::string& name) { return test::test_data("tensordict-v0.4-nn/" + name + "/"); }
+
+// The message of the E that f throws ("" for none, "other exception" for another type).
+template <class E, class F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (...) {
+    return "other exception";
+  }
+  return "";
+}
+
+at::Generator seeded(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+}  // namespace
+
+TEST_CASE("Normal and Independent(Normal) give tensordict 0.4's log_prob, entropy, mode and mean", "[distributions]") {
+  for (const bool independent : {false, true}) {
+    const auto dir = nn_fixture(independent ? "independent_normal_policy" : "gaussian_policy");
+    const auto mode_out = load_memmap(dir + "output_mode");
+    const auto mean_out = load_memmap(dir + "output_mean");
+    const auto action = load_memmap(dir + "fixed_action").get("action");
+    const auto expected = load_memmap(dir + "dist_values");
+    const tdn::Normal normal(mode_out.get("loc"), mode_out.get("scale"));
+    const tdn::Independent joint(normal, 1);
+    const tdn::Distribution& dist = independent ? static_cast<const tdn::Distribution&>(joint) : normal;
+    INFO(dist.repr());
+    CHECK(near(dist.log_prob(action), expected.get("log_prob")));
+    CHECK(near(dist.entropy(), expected.get("entropy")));
+    CHECK(near(dist.mode(), mode_out.get("agents", "action")));
+    CHECK(near(dist.log_prob(dist.mode()), mode_out.get("sample_log_prob")));
+    CHECK(near(dist.mean(), mean_out.get("agents", "action")));
+    CHECK(dist.batch_shape() == (independent ? std::vector<int64_t>{5} : std::vector<int64_t>{5, 4}));
+    CHECK(dist.event_shape() == (independent ? std::vector<int64_t>{4} : std::vector<int64_t>{}));
+    // 0.4 refuses the median; it is loc.
+    CHECK(dist.median().equal(mode_out.get("loc")));
+  }
+}
+
+TEST_CASE("OneHotCategorical and Categorical give tensordict 0.4's log_prob, entropy and mode", "[distributions]") {
+  {
+    const auto dir = nn_fixture("categorical_policy");
+    const auto out = load_memmap(dir + "output_mode");
+    const auto expected = load_memmap(dir + "dist_values");
+    const tdn::OneHotCategorical dist(out.get("logits"));
+    CHECK(near(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
+    CHECK(near(dist.entropy(), expected.get("entropy")));
+    CHECK(dist.mode().equal(out.get("action")));
+    CHECK(near(dist.log_prob(dist.mode()), out.get("sample_log_prob")));
+    CHECK(dist.deterministic_sample().equal(out.get("action")));
+    CHECK(dist.batch_shape() == std::vector<int64_t>{5});
+    CHECK(dist.event_shape() == std::vector<int64_t>{3});
+    CHECK(near(dist.mean(), out.get("logits").softmax(-1)));
+  }
+  {
+    const auto dir = nn_fixture("categorical_policy_torch_categorical");
+    const auto out = load_memmap(dir + "output_mode");
+    const auto expected = load_memmap(dir + "dist_values");
+    const tdn::Categorical dist(out.get("logits"));
+    CHECK(near(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
+    CHECK(near(dist.entropy(), expected.get("entropy")));
+    CHECK(dist.mode().equal(out.get("action")));
+    CHECK(near(dist.log_prob(dist.mode()), out.get("sample_log_prob")));
+    CHECK(dist.event_shape().empty());
+    // As torch's: NaN of batch_shape (an index has no mean).
+    CHECK(dist.mean().isnan().all().item<bool>());
+    CHECK(dist.mean().sizes() == at::IntArrayRef{5});
+    // from_probs: the same distribution.
+    const auto from_probs = tdn::Categorical::from_probs(out.get("logits").softmax(-1));
+    CHECK(at::allclose(from_probs.log_prob(dist.mode()), dist.log_prob(dist.mode()), 1e-5, 1e-6));
+  }
+}
+
+TEST_CASE("TruncatedNormal and Delta give tensordict 0.4's values", "[distributions]") {
+  {
+    const auto dir = nn_fixture("truncated_normal");
+    const auto out = load_memmap(dir + "output_mean");
+    const auto expected = load_memmap(dir + "dist_values");
+    const tdn::TruncatedNormal dist(out.get("loc"), out.get("scale"), {.a = -1.0, .b = 1.0});
+    CHECK(near(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
+    CHECK(near(dist.entropy(), expected.get("entropy")));
+    CHECK(near(dist.mean(), out.get("action")));
+    CHECK(near(dist.log_prob(dist.mean()), out.get("sample_log_prob")));
+    // 0.4 refuses the mode and the median: loc clamped into [a, b], and the icdf at 0.5.
+    CHECK(dist.mode().equal(out.get("loc").clamp(-1, 1)));
+    CHECK(at::allclose(dist.cdf(dist.median()), at::full({5, 4}, 0.5), 1e-4, 1e-5));
+  }
+  {
+    const auto dir = nn_fixture("delta");
+    const auto out = load_memmap(dir + "output_mode");
+    const auto param = out.get("param");
+    const tdn::Delta dist(param);
+    const auto expected = load_memmap(dir + "dist_values").get("log_prob");
+    CHECK(dist.log_prob(load_memmap(dir + "fixed_action").get("action")).equal(expected));
+    CHECK(dist.mode().equal(out.get("action")));
+    CHECK(dist.log_prob(dist.mode()).equal(out.get("sample_log_prob")));
+    CHECK(dist.mean().equal(load_memmap(dir + "output_mean").get("action")));
+    CHECK(dist.batch_shape() == std::vector<int64_t>{5});
+    CHECK(dist.event_shape() == std::vector<int64_t>{2});
+    // One element off by more than atol + rtol * |param| makes the whole event -inf.
+    auto off = param.clone();
+    off.index_put_({0, 1}, off.index({0, 1}) + 1e-3);
+    const auto lp = dist.log_prob(off);
+    CHECK(lp.index({0}).item<float>() == -std::numeric_limits<float>::infinity());
+    CHECK(at::isinf(lp).all().item<bool>());
+    CHECK((lp.narrow(0, 1, 4) > 0).all().item<bool>());
+  }
+}
+
+TEST_CASE("Bernoulli and TanhNormal equal torch.distributions", "[distributions]") {
+  const auto py = load(test::test_data("distributions.pt"));
+  const auto loc = py.get("param.loc"), scale = py.get("param.scale"), logits = py.get("param.logits");
+
+  const auto bern = tdn::Bernoulli::from_logits(logits);
+  CHECK(near(bern.log_prob(py.get("bernoulli.value")), py.get("bernoulli.log_prob")));
+  CHECK(near(bern.entropy(), py.get("bernoulli.entropy")));
+  CHECK(near(bern.mean(), py.get("bernoulli.mean")));
+  CHECK(bern.mode().equal(py.get("bernoulli.mode")));
+  const tdn::Bernoulli from_probs(py.get("bernoulli_probs.probs"));
+  CHECK(near(from_probs.log_prob(at::tensor({0.0, 1.0, 1.0, 1.0}, at::kDouble)), py.get("bernoulli_probs.log_prob")));
+  CHECK(near(from_probs.entropy(), py.get("bernoulli_probs.entropy")));
+  // NaN at probs 0.5, as torch's.
+  CHECK(at::allclose(from_probs.mode(), py.get("bernoulli_probs.mode"), 0, 0, /*equal_nan=*/true));
+
+  const tdn::TanhNormal tanh(loc, scale);
+  CHECK(near(tanh.log_prob(py.get("tanh_normal.value")), py.get("tanh_normal.log_prob")));
+  CHECK(near(tanh.mode(), py.get("tanh_normal.mode")));
+  CHECK(tanh.batch_shape() == std::vector<int64_t>{3});
+  CHECK(tanh.event_shape() == std::vector<int64_t>{4});
+  const tdn::TanhNormal bounded(loc, scale, {.low = -2.0, .high = 3.0});
+  CHECK(near(bounded.log_prob(py.get("tanh_normal_bounds.value")), py.get("tanh_normal_bounds.log_prob")));
+  CHECK(near(bounded.deterministic_sample(), py.get("tanh_normal_bounds.mode")));
+  CHECK(near(bounded.median(), py.get("tanh_normal_bounds.mode")));
+}
+
+TEST_CASE("samples drawn with a generator seeded as torch.manual_seed equal Python's", "[distributions]") {
+  const auto py = load(test::test_data("distributions.pt"));
+  const auto loc = py.get("param.loc"), scale = py.get("param.scale"), logits = py.get("param.logits");
+  const uint64_t seed = 1234;
+  CHECK(near(tdn::Normal(loc, scale).sample({2}, seeded(seed)), py.get("sample.normal")));
+  CHECK(near(tdn::Normal(loc, scale).rsample({2}, seeded(seed)), py.get("sample.normal_rsample")));
+  CHECK(tdn::Categorical(logits).sample({5}, seeded(seed)).equal(py.get("sample.categorical")));
+  CHECK(tdn::OneHotCategorical(logits).sample({5}, seeded(seed)).equal(py.get("sample.one_hot_categorical").to(at::kLong)));
+  CHECK(near(tdn::Bernoulli::from_logits(logits).sample({2}, seeded(seed)), py.get("sample.bernoulli")));
+  CHECK(near(tdn::TanhNormal(loc, scale).rsample({2}, seeded(seed)), py.get("sample.tanh_normal")));
+  // The same seed, the same draws; the shapes are sample_shape + batch_shape + event_shape.
+  const tdn::TruncatedNormal trunc(loc, scale, {.a = -0.5, .b = 1.0});
+  const auto a = trunc.sample({7, 2}, seeded(3));
+  CHECK(a.equal(trunc.sample({7, 2}, seeded(3))));
+  CHECK(a.sizes() == at::IntArrayRef{7, 2, 3, 4});
+  CHECK(tdn::Independent(tdn::Normal(loc, scale), 2).sample({6}, seeded(1)).sizes() == at::IntArrayRef{6, 3, 4});
+}
+
+TEST_CASE("samples stay in the support and average to the mean", "[distributions]") {
+  // (Bounds a few scales from loc: far out, Z is clamped at 1e-6, as Python's.)
+  const auto loc = at::tensor({-2.0, 0.0, 0.3, 1.2}, at::kDouble);
+  const auto scale = at::tensor({1.0, 0.5, 2.0, 0.4}, at::kDouble);
+  const tdn::TruncatedNormal trunc(loc, scale, {.a = -1.0, .b = 1.0});
+  const auto draws = trunc.sample({20000}, seeded(7));
+  CHECK((draws >= -1).all().item<bool>());
+  CHECK((draws <= 1).all().item<bool>());
+  CHECK(at::allclose(draws.mean(0), trunc.mean(), 0, 0.02));
+  CHECK(at::allclose(draws.var(0), trunc.variance(), 0, 0.02));
+
+  const tdn::TanhNormal tanh(loc, scale, {.low = 0.0, .high = 5.0});
+  const auto y = tanh.sample({1000}, seeded(8));
+  CHECK(((y >= 0) & (y <= 5)).all().item<bool>());
+
+  const auto p = at::tensor({0.1, 0.5, 0.9}, at::kDouble);
+  CHECK(at::allclose(tdn::Bernoulli(p).sample({20000}, seeded(9)).mean(0), p, 0, 0.02));
+  const auto probs = at::tensor({0.2, 0.3, 0.5}, at::kDouble);
+  CHECK(at::allclose(tdn::OneHotCategorical::from_probs(probs).sample({20000}, seeded(10)).to(at::kDouble).mean(0), probs, 0, 0.02));
+}
+
+TEST_CASE("rsample differentiates to the parameters; sample does not", "[distributions]") {
+  auto loc = at::zeros({3}, at::kDouble).requires_grad_();
+  auto scale = at::ones({3}, at::kDouble).requires_grad_();
+
+  const tdn::Normal normal(loc, scale);
+  CHECK_FALSE(normal.sample({2}, seeded(1)).requires_grad());
+  const auto x = normal.rsample({2}, seeded(1));
+  auto grads = torch::autograd::grad({x.sum()}, {loc, scale});
+  CHECK(grads[0].equal(at::full({3}, 2.0, at::kDouble)));
+  CHECK(at::allclose(grads[1], x.detach().sum(0)));  // d(loc + eps * scale)/dscale = eps = x at loc 0, scale 1
+
+  const tdn::TanhNormal tanh(loc, scale);
+  const auto y = tanh.rsample({}, seeded(2));
+  grads = torch::autograd::grad({y.sum()}, {loc});
+  CHECK(at::allclose(grads[0], 1 - y.detach().pow(2)));
+
+  // One distribution, two backward passes: each call's graph is its own.
+  const tdn::TanhNormal squashed(loc, scale, {.tanh_loc = true});
+  (void)torch::autograd::grad({squashed.rsample({}, seeded(5)).sum()}, {loc});
+  grads = torch::autograd::grad({squashed.log_prob(at::full({3}, 0.5, at::kDouble)).sum()}, {loc});
+  CHECK(grads[0].abs().sum().item<double>() > 0);
+  CHECK(at::allclose(squashed.mode(), ((loc / 5).tanh() * 5).tanh()));
+
+  const tdn::TruncatedNormal trunc(loc, scale);
+  grads = torch::autograd::grad({trunc.rsample({4}, seeded(3)).sum()}, {loc, scale});
+  CHECK(grads[0].abs().sum().item<double>() > 0);
+  grads = torch::autograd::grad({trunc.log_prob(at::full({3}, 0.25, at::kDouble)).sum()}, {loc, scale});
+  CHECK(grads[1].abs().sum().item<double>() > 0);
+
+  auto logits = at::tensor({0.1, 0.5, -0.3}, at::kDouble).requires_grad_();
+  const tdn::OneHotCategorical onehot(logits);
+  const auto hard = onehot.rsample({5}, seeded(4));
+  CHECK((hard.detach().sum(-1) == 1).all().item<bool>());
+  CHECK(((hard.detach() == 0) | (hard.detach() == 1)).all().item<bool>());
+  grads = torch::autograd::grad({(hard * at::tensor({1.0, 2.0, 3.0}, at::kDouble)).sum()}, {logits});
+  CHECK(grads[0].abs().sum().item<double>() > 0);
+
+  const tdn::Delta delta(loc);
+  grads = torch::autograd::grad({delta.rsample({2}).sum()}, {loc});
+  CHECK(grads[0].equal(at::full({3}, 2.0, at::kDouble)));
+}
+
+TEST_CASE("distribution errors name the distribution, the call and the shapes", "[distributions]") {
+  const auto loc = at::zeros({5, 4}), scale = at::ones({3});
+  CHECK_THAT(thrown<shape_error>([&] { (void)tdn::Normal(loc, scale); }), Contains("tensordict::nn::Normal: the parameters do not broadcast (loc f32[5,4], scale f32[3])"));
+  CHECK_THAT(thrown<dtype_error>([&] { (void)tdn::Normal(at::zeros({4}, at::kLong), at::ones({4})); }), Contains("Normal: the parameter loc is i64[4], expected a floating-point tensor"));
+  const tdn::Normal normal(loc, at::ones({4}));
+  CHECK_THAT(thrown<shape_error>([&] { (void)normal.log_prob(at::zeros({3})); }), Contains("tensordict::nn::Normal.log_prob: the value f32[3] does not broadcast with "
+                                              "batch_shape + event_shape = [5,4]"));
+  CHECK_THAT(thrown<shape_error>([&] { (void)tdn::Independent(normal, 3); }), Contains("reinterpreted_batch_ndims=3 must be between 0 and the base's batch dims "
+                                              "(Normal(batch_shape=[5,4], event_shape=[]))"));
+  CHECK_THAT(thrown<value_error>([&] { (void)tdn::Bernoulli(at::full({2}, 0.5)).rsample(); }), Contains("tensordict::nn::Bernoulli.rsample: it has no reparameterized sample; "
+                                              "sample() draws without gradients"));
+  CHECK_THAT(thrown<value_error>([&] { (void)tdn::TanhNormal(loc, at::ones({4})).mean(); }), Contains("TanhNormal.mean: it has no closed form; estimate it with sample({N}).mean(0)"));
+  CHECK_THAT(thrown<value_error>([&] { (void)tdn::Delta(loc).entropy(); }), Contains("Delta.entropy: a point mass has no density"));
+  CHECK_THAT(thrown<value_error>([&] { (void)tdn::TruncatedNormal(loc, at::ones({4}), {.a = 1.0, .b = 1.0}); }), Contains("TruncatedNormal: the bounds a=1.000000 and b=1.000000 need a < b"));
+  CHECK_THAT(thrown<dtype_error>([&] { (void)tdn::Categorical(at::zeros({}, at::kFloat)); }), Contains("Categorical: logits is f32[], expected a floating-point tensor with at least one dim"));
+  CHECK_THAT(thrown<value_error>([&] { (void)tdn::Categorical(loc).median(); }), Contains("Categorical.median"));
+}
