@@ -19,9 +19,17 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
 #include <tensordict/distributions.hpp>
 #include <tensordict/files.hpp>
+#include <tensordict/from_module.hpp>
+#include <tensordict/functional_call.hpp>
 #include <tensordict/memmap.hpp>
+#include <tensordict/modules/builtin.hpp>
+#include <tensordict/to_module.hpp>
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
@@ -271,4 +279,67 @@ TEST_CASE("distribution errors name the distribution, the call and the shapes", 
   CHECK_THAT(thrown<value_error>([&] { (void)tdn::TruncatedNormal(loc, at::ones({4}), {.a = 1.0, .b = 1.0}); }), Contains("TruncatedNormal: the bounds a=1.000000 and b=1.000000 need a < b"));
   CHECK_THAT(thrown<dtype_error>([&] { (void)tdn::Categorical(at::zeros({}, at::kFloat)); }), Contains("Categorical: logits is f32[], expected a floating-point tensor with at least one dim"));
   CHECK_THAT(thrown<value_error>([&] { (void)tdn::Categorical(loc).median(); }), Contains("Categorical.median"));
+}
+
+TEST_CASE("NormalParamExtractor and AddStateIndependentNormalScale give tensordict 0.4's loc and scale", "[distributions]") {
+  namespace nn = torch::nn;
+  {
+    // MLP 4->32->32->8 (params module.0.module), then the extractor (Python's defaults).
+    const auto dir = nn_fixture("gaussian_policy");
+    const auto out = load_memmap(dir + "output_mode");
+    nn::Sequential mlp(nn::Linear(4, 32), nn::Tanh(), nn::Linear(32, 32), nn::Tanh(), nn::Linear(32, 8));
+    const auto param = functional_call(mlp, load_memmap(dir + "params").get_tensordict("module", "0", "module"),
+                                       load_memmap(dir + "input").get("agents", "observation"));
+    CHECK(near(param, out.get("param")));
+    tdn::NormalParamExtractor extractor;
+    const auto [loc, scale] = extractor(param);
+    CHECK(near(loc, out.get("loc")));
+    CHECK(near(scale, out.get("scale")));
+    STATIC_REQUIRE(tdn::schema_of<tdn::NormalParamExtractorImpl>::leaf_count == 0);
+  }
+  {
+    // Sequential(MLP 4->32->4, AddStateIndependentNormalScale(4)): exp of the trained scale.
+    const auto dir = nn_fixture("state_independent_scale");
+    const auto out = load_memmap(dir + "output_mode");
+    nn::Sequential net(nn::Linear(4, 32), nn::Tanh(), nn::Linear(32, 4), tdn::AddStateIndependentNormalScale(std::vector<int64_t>{4}));
+    const auto params = load_memmap(dir + "params").get_tensordict("module", "0", "module");
+    CHECK(from_module(net).flatten_keys().keys() == params.flatten_keys().keys());
+    auto swap = to_module(params, net);
+    const auto [loc, scale] = net->forward<std::tuple<at::Tensor, at::Tensor>>(load_memmap(dir + "input").get("observation"));
+    CHECK(near(loc, out.get("loc")));
+    CHECK(near(scale, out.get("scale")));
+  }
+}
+
+TEST_CASE("scale mappings as Python names them; the scale parameter trains", "[distributions]") {
+  const auto x = at::tensor({-3.0, 0.0, 2.5}, at::kDouble);
+  CHECK(at::allclose(tdn::scale_mapping("biased_softplus_1.0")(at::zeros({1})), at::ones({1})));
+  CHECK(at::allclose(tdn::scale_mapping("biased_softplus")(x), tdn::scale_mapping("biased_softplus_1.0")(x)));
+  const auto two = tdn::scale_mapping("biased_softplus_2.0_0.5")(x);
+  CHECK(at::allclose(two.index({1}), at::scalar_tensor(2.0, at::kDouble), 1e-6, 1e-6));
+  CHECK((two > 0.5).all().item<bool>());
+  CHECK(tdn::scale_mapping("exp")(x).equal(x.exp()));
+  CHECK(tdn::scale_mapping("none")(x).equal(x));
+  CHECK_THAT(thrown<value_error>([] { tdn::scale_mapping("softmax"); }), Contains("unknown mapping \"softmax\""));
+  CHECK_THAT(thrown<value_error>([] { tdn::scale_mapping("biased_softplus_x"); }),
+             Contains("\"biased_softplus_x\" is not biased_softplus_{bias} or biased_softplus_{bias}_{min_val} with numbers"));
+
+  tdn::NormalParamExtractor extractor(tdn::NormalParamExtractorOptions().mapping("exp").scale_lb(0.5));
+  const auto [loc, scale] = extractor(at::tensor({1.0, 2.0, -3.0, 0.0}, at::kDouble));
+  CHECK(loc.equal(at::tensor({1.0, 2.0}, at::kDouble)));
+  CHECK(at::allclose(scale, at::tensor({0.5, 1.0}, at::kDouble)));
+  CHECK_THAT(thrown<shape_error>([&] { (void)extractor(at::zeros({3, 1})); }),
+             Contains("the input f32[3,1] needs a last dim of at least 2"));
+
+  tdn::AddStateIndependentNormalScale head(std::vector<int64_t>{3});
+  CHECK(from_module(head).get<"state_independent_scale">().sizes() == at::IntArrayRef{3});
+  const auto obs = at::randn({5, 3});
+  auto params = from_module(head).apply([](const at::Tensor& t) { return (t.detach() + 0.5).requires_grad_(); });
+  const auto [same_loc, s] = functional_call(head, params, obs);
+  CHECK(same_loc.equal(obs));
+  CHECK(at::allclose(s, at::full({5, 3}, std::exp(0.5))));
+  const auto grad = torch::autograd::grad({s.sum()}, {params.get<"state_independent_scale">()});
+  CHECK(at::allclose(grad[0], at::full({3}, 5 * std::exp(0.5))));
+  CHECK_THAT(thrown<shape_error>([&] { (void)head(at::zeros({5, 4})); }),
+             Contains("the last dims of loc f32[5,4] differ from scale_shape [3]"));
 }

@@ -12,6 +12,7 @@
 #include "adapter.hpp"
 #include "attention.hpp"
 #include "conv.hpp"
+#include "distribution_params.hpp"
 #include "embedding.hpp"
 #include "linear.hpp"
 #include "normalization.hpp"
@@ -23,7 +24,7 @@ namespace tensordict::nn::detail {
 
 using builtin_modules = typename concat_lists<linear_family, conv_family, normalization_family, embedding_family,
                                               activation_family, recurrent_family, attention_family, transformer_family,
-                                              parameter_free_family>::type;
+                                              parameter_free_family, distribution_params_family>::type;
 
 // The built-in types whose tensors are named by their options (no schema).
 using builtin_runtime_layout_modules = typename concat_lists<recurrent_layers_family, transformer_stacks_family>::type;
