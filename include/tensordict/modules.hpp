@@ -140,6 +140,11 @@ class TensorDictModule : public torch::nn::ModuleHolder<TensorDictModuleImpl<Wra
   using Impl = TensorDictModuleImpl<Wrapped, In, Out>;
   using torch::nn::ModuleHolder<Impl>::ModuleHolder;
   explicit TensorDictModule(Wrapped wrapped) : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(wrapped))) {}
+  // module(td), as in Python (ModuleHolder's operator() cannot see a template forward).
+  template <class S>
+  auto operator()(const TensorDict<S>& td) {
+    return this->get()->forward(td);
+  }
 };
 
 // ---- EnsembleModule ----------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include "module_registry.hpp"
 #include "modules.hpp"
 #include "params.hpp"
+#include "probabilistic.hpp"
 #include "reset_parameters.hpp"
 #include "schema.hpp"
 #include "tensorclass.hpp"

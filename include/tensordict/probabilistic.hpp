@@ -1,0 +1,332 @@
+// ProbabilisticTensorDictModule and interaction types (Python's
+// tensordict.nn.probabilistic): a module without tensors that builds a
+// distribution from in keys and writes a value of it at its out key.
+//
+//   using policy_head = tdn::ProbabilisticTensorDictModule<tdn::Normal, tdn::in_keys<"loc", "scale">,
+//                                                          tdn::out_keys<"action">, tdn::log_prob_key<"sample_log_prob">>;
+//   policy_head head;                                   // default interaction type: mode
+//   auto out = head(td);                                // td plus action and sample_log_prob
+//   { tdn::set_interaction_type random(tdn::interaction_type::random);
+//     auto explored = head(td); }                       // rsample (sample where there is none)
+//
+// The in keys name the distribution's parameters (Normal: loc and scale;
+// Categorical: logits or probs): other keys do not compile, and the message
+// names the parameters (distribution_parameters<Dist>). The output schema is
+// the input's plus the out key and the log-prob key, computed by the compiler.
+#pragma once
+
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "modules.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "distributions.hpp"
+
+namespace tensordict::nn {
+
+// How a probabilistic module turns its distribution into a value (Python's
+// InteractionType): mode, median, mean, a random draw (rsample where the
+// distribution has one, else sample), or deterministic_sample.
+enum class interaction_type { mode, median, mean, random, deterministic };
+
+inline const char* to_string(interaction_type t) {
+  switch (t) {
+    case interaction_type::mode: return "mode";
+    case interaction_type::median: return "median";
+    case interaction_type::mean: return "mean";
+    case interaction_type::random: return "random";
+    default: return "deterministic";
+  }
+}
+
+namespace detail {
+inline std::optional<interaction_type>& interaction_override() {
+  thread_local std::optional<interaction_type> current;
+  return current;
+}
+}  // namespace detail
+
+// The interaction type set by the innermost live set_interaction_type of this
+// thread, if any (modules use their default otherwise).
+inline std::optional<interaction_type> current_interaction_type() { return detail::interaction_override(); }
+
+// Python's `with set_interaction_type(...)`: every probabilistic module called
+// on this thread while the guard lives uses `type`; the previous one comes
+// back when it dies. (Per thread, where Python's is global: threads that run
+// policies each choose their own.)
+class set_interaction_type {
+ public:
+  explicit set_interaction_type(interaction_type type) : previous_(detail::interaction_override()) {
+    detail::interaction_override() = type;
+  }
+  ~set_interaction_type() { detail::interaction_override() = previous_; }
+  set_interaction_type(const set_interaction_type&) = delete;
+  set_interaction_type& operator=(const set_interaction_type&) = delete;
+
+ private:
+  std::optional<interaction_type> previous_;
+};
+
+// A distribution's value for an interaction type.
+inline at::Tensor draw(const Distribution& dist, interaction_type type) {
+  switch (type) {
+    case interaction_type::mode: return dist.mode();
+    case interaction_type::median: return dist.median();
+    case interaction_type::mean: return dist.mean();
+    case interaction_type::random: return dist.has_rsample() ? dist.rsample() : dist.sample();
+    default: return dist.deterministic_sample();
+  }
+}
+
+struct no_distribution_options {};
+
+// What a probabilistic module needs to build a distribution type from keys:
+// its parameter names (`names`, and where Python takes either, `alternative`),
+// its options (the distribution_kwargs that are not tensors) and `make`,
+// which takes the tensors in the order of `names` (or of `alternative`).
+// Specialize it for a distribution of your own.
+template <class Dist>
+struct distribution_parameters;
+
+template <>
+struct distribution_parameters<Normal> {
+  static constexpr std::array<std::string_view, 2> names{"loc", "scale"};
+  using options = no_distribution_options;
+  static Normal make(const std::array<at::Tensor, 2>& p, const options&, bool) { return Normal(p[0], p[1]); }
+};
+template <>
+struct distribution_parameters<TruncatedNormal> {
+  static constexpr std::array<std::string_view, 2> names{"loc", "scale"};
+  using options = TruncatedNormalOptions;
+  static TruncatedNormal make(const std::array<at::Tensor, 2>& p, const options& o, bool) {
+    return TruncatedNormal(p[0], p[1], o);
+  }
+};
+template <>
+struct distribution_parameters<TanhNormal> {
+  static constexpr std::array<std::string_view, 2> names{"loc", "scale"};
+  using options = TanhNormalOptions;
+  static TanhNormal make(const std::array<at::Tensor, 2>& p, const options& o, bool) { return TanhNormal(p[0], p[1], o); }
+};
+template <>
+struct distribution_parameters<Delta> {
+  static constexpr std::array<std::string_view, 1> names{"param"};
+  using options = DeltaOptions;
+  static Delta make(const std::array<at::Tensor, 1>& p, const options& o, bool) { return Delta(p[0], o); }
+};
+template <class Dist>
+  requires std::is_same_v<Dist, Categorical> || std::is_same_v<Dist, OneHotCategorical>
+struct distribution_parameters<Dist> {
+  static constexpr std::array<std::string_view, 1> names{"logits"};
+  static constexpr std::array<std::string_view, 1> alternative{"probs"};
+  using options = no_distribution_options;
+  static Dist make(const std::array<at::Tensor, 1>& p, const options&, bool from_alternative) {
+    return from_alternative ? Dist::from_probs(p[0]) : Dist(p[0]);
+  }
+};
+template <>
+struct distribution_parameters<Bernoulli> {
+  static constexpr std::array<std::string_view, 1> names{"probs"};
+  static constexpr std::array<std::string_view, 1> alternative{"logits"};
+  using options = no_distribution_options;
+  static Bernoulli make(const std::array<at::Tensor, 1>& p, const options&, bool from_alternative) {
+    return from_alternative ? Bernoulli::from_logits(p[0]) : Bernoulli(p[0]);
+  }
+};
+
+// Independent(Dist(...), N) as one distribution type for a module (Python's
+// pattern: a function IndepNormal(loc, scale) given as distribution_class).
+template <class Dist, int64_t N>
+struct independent {};
+
+template <class Dist, int64_t N>
+struct distribution_parameters<independent<Dist, N>> : distribution_parameters<Dist> {
+  template <std::size_t K>
+  static Independent make(const std::array<at::Tensor, K>& p, const typename distribution_parameters<Dist>::options& o,
+                          bool from_alternative) {
+    return Independent(distribution_parameters<Dist>::make(p, o, from_alternative), N);
+  }
+};
+
+// The log-probability key of a probabilistic module (Python's return_log_prob
+// with log_prob_key): log_prob_key<"sample_log_prob">, or none.
+template <key... Key>
+struct log_prob_key {
+  static_assert(sizeof...(Key) <= 1, "tensordict::nn::log_prob_key takes one key (or none: no log-probability).");
+};
+using no_log_prob = log_prob_key<>;
+
+namespace compile_error {
+template <class Dist, class InKeys, class Names>
+struct in_keys_are_not_the_distribution_parameters {
+  static_assert(::tensordict::compile_error::always_false<Dist>,
+                "tensordict::nn::ProbabilisticTensorDictModule: the in keys must be the distribution's parameter "
+                "names, in any order (see 'distribution_parameters<Dist>::names' and '::alternative': Normal takes "
+                "loc and scale, Categorical logits or probs, Delta param). Name the in keys so.");
+};
+}  // namespace compile_error
+
+namespace detail {
+// Where each of the in keys sits among `names`, or nothing if the keys are not
+// a permutation of them.
+template <std::size_t M, key... In>
+constexpr std::optional<std::array<std::size_t, sizeof...(In)>> parameter_positions(const std::array<std::string_view, M>& names) {
+  if (M != sizeof...(In)) return std::nullopt;
+  std::array<std::string_view, sizeof...(In)> keys{In.view()...};
+  std::array<std::size_t, sizeof...(In)> out{};
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    std::size_t found = M;
+    for (std::size_t j = 0; j < M; ++j)
+      if (names[j] == keys[i]) found = j;
+    if (found == M) return std::nullopt;
+    for (std::size_t k = 0; k < i; ++k)
+      if (out[k] == found) return std::nullopt;
+    out[i] = found;
+  }
+  return out;
+}
+
+template <class Traits, key... In>
+constexpr auto keys_as_parameters() {
+  constexpr auto direct = parameter_positions<Traits::names.size(), In...>(Traits::names);
+  if constexpr (direct.has_value()) {
+    return std::pair{*direct, false};
+  } else if constexpr (requires { Traits::alternative; }) {
+    constexpr auto alt = parameter_positions<Traits::alternative.size(), In...>(Traits::alternative);
+    if constexpr (alt.has_value())
+      return std::pair{*alt, true};
+    else
+      return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
+}
+}  // namespace detail
+
+template <class Dist, class In, class Out, class LogProb = no_log_prob>
+class ProbabilisticTensorDictModuleImpl;
+
+template <class Dist, key... In, key... Out, key... LogProb>
+class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, log_prob_key<LogProb...>>
+    : public torch::nn::Module {
+  static_assert(sizeof...(Out) == 1,
+                "tensordict::nn::ProbabilisticTensorDictModule: name one out key, for the distribution's value.");
+  using traits = distribution_parameters<Dist>;
+  static constexpr auto wiring = detail::keys_as_parameters<traits, In...>();
+  static constexpr bool keys_fit = !std::is_same_v<std::remove_cv_t<decltype(wiring)>, std::nullopt_t>;
+  static constexpr bool check_wiring() {
+    if constexpr (!keys_fit)
+      ::tensordict::compile_error::report<
+          compile_error::in_keys_are_not_the_distribution_parameters<Dist, in_keys<In...>, decltype(traits::names)>>();
+    return true;
+  }
+  static_assert(check_wiring());  // reports wrong in keys where the module type is first used
+
+ public:
+  using in_keys_t = in_keys<In...>;
+  using out_keys_t = out_keys<Out..., LogProb...>;
+  using dist_type = decltype(traits::make(std::declval<const std::array<at::Tensor, sizeof...(In)>&>(),
+                                          std::declval<const typename traits::options&>(), false));
+  // The input schema plus the out key and the log-probability key.
+  template <class S>
+  using output_schema = typename detail::with_out_keys<S, Out..., LogProb...>::type;
+
+  struct options_t {
+    typename traits::options distribution{};
+    // Used when no set_interaction_type guard is live (Python 0.4's default).
+    interaction_type default_interaction_type = interaction_type::mode;
+  };
+
+  explicit ProbabilisticTensorDictModuleImpl(options_t options_ = {}) : options(std::move(options_)) {}
+
+  // The interaction type a call uses now.
+  interaction_type interaction() const {
+    return current_interaction_type().value_or(options.default_interaction_type);
+  }
+
+  template <class S>
+  static constexpr bool has_in_keys() {
+    return (has_path_v<S, In> && ...);
+  }
+
+  // The distribution the in keys describe (Python's get_dist).
+  template <class S>
+  dist_type get_dist(const TensorDict<S>& td) const {
+    if constexpr (keys_fit && has_in_keys<S>()) {
+      std::array<at::Tensor, sizeof...(In)> by_name;
+      std::size_t i = 0;
+      ((by_name[wiring.first[i++]] = td.template get<In>()), ...);
+      return traits::make(by_name, options.distribution, wiring.second);
+    } else {
+      check_in_keys<S>();
+      throw;  // not reached: the line above does not compile
+    }
+  }
+
+  // The input plus the value at the out key (and its log-probability).
+  template <class S>
+  TensorDict<output_schema<S>> forward(const TensorDict<S>& td) {
+    const auto dist = get_dist(td);
+    const at::Tensor value = draw(dist, interaction());
+    using O = output_schema<S>;
+    std::array<at::Tensor, O::leaf_count> leaves;
+    for (std::size_t i = 0; i < S::leaf_count; ++i) leaves[i] = td.leaf(i);
+    TensorDict<O> result(std::move(leaves), td.batch_size(), td.device());
+    (result.template set<Out>(value), ...);
+    if constexpr (sizeof...(LogProb) == 1) (result.template set<LogProb>(dist.log_prob(value)), ...);
+    return result;
+  }
+
+  // The log-probability of the value td holds at the out key (Python's log_prob).
+  template <class S>
+  at::Tensor log_prob(const TensorDict<S>& td) const {
+    return get_dist(td).log_prob(td.template get<Out...>());
+  }
+
+  template <class S>
+  static constexpr void check_in_keys() {
+    (check_in_key<In, S>(), ...);
+  }
+
+  options_t options;
+
+ private:
+  template <key K, class S>
+  static constexpr void check_in_key() {
+    if constexpr (S::find(K.view()) == npos)
+      ::tensordict::compile_error::report<compile_error::tensordict_lacks_in_key<K, typename S::keys>>();
+  }
+};
+
+template <class Dist, class In, class Out, class LogProb = no_log_prob>
+class ProbabilisticTensorDictModule
+    : public torch::nn::ModuleHolder<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>> {
+ public:
+  using Impl = ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>;
+  using torch::nn::ModuleHolder<Impl>::ModuleHolder;
+  ProbabilisticTensorDictModule() : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>()) {}
+  explicit ProbabilisticTensorDictModule(typename Impl::options_t options)
+      : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(options))) {}
+  // module(td), as in Python (ModuleHolder's operator() cannot see a template forward).
+  template <class S>
+  auto operator()(const TensorDict<S>& td) {
+    return this->get()->forward(td);
+  }
+};
+
+// No tensors: an empty schema, and its forward needs no parameters.
+template <class Dist, class In, class Out, class LogProb>
+struct module_traits<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>> {
+  using members = member_list<>;
+};
+
+}  // namespace tensordict::nn
