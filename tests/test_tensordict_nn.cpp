@@ -1,6 +1,7 @@
-// tensordict.nn's key-wired modules: ProbabilisticTensorDictModule and the
-// interaction types, against the policies tensordict 0.4 saved
+// tensordict.nn's key-wired modules: ProbabilisticTensorDictModule, the
+// interaction types and TensorDictSequential, against the policies tensordict 0.4 saved
 // (tests/data/tensordict-v0.4-nn; each folder's spec.json says what made it).
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,11 +12,20 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
+
+#include <tensordict/files.hpp>
+#include <tensordict/functional_call.hpp>
 #include <tensordict/memmap.hpp>
+#include <tensordict/modules/distribution_params.hpp>
 #include <tensordict/probabilistic.hpp>
+#include <tensordict/tensordict_sequential.hpp>
+#include <tensordict/to_module.hpp>
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
@@ -121,4 +131,163 @@ TEST_CASE("interaction types: the guard's per thread, else the module's default;
   const auto out = head(td);
   CHECK(head->log_prob(out).equal(out.get<"sample_log_prob">()));
   CHECK(head->get_dist(td).batch_shape() == std::vector<int64_t>{4, 3});
+}
+
+// ---- TensorDictSequential ---------------------------------------------------------
+
+namespace {
+
+using mlp_4_16_3 = tdn::Sequential<torch::nn::Linear, torch::nn::Tanh, torch::nn::Linear>;
+mlp_4_16_3 mlp(int64_t in, int64_t hidden, int64_t out) {
+  return mlp_4_16_3(torch::nn::Linear(in, hidden), torch::nn::Tanh(), torch::nn::Linear(hidden, out));
+}
+
+// Python's parameters, loaded by name into the policy's typed schema, and its state dict's names.
+template <class Policy>
+auto python_params(Policy& policy, const std::string& dir) {
+  using S = tdn::schema_of<typename Policy::Impl>;
+  auto params = load_memmap<S>(dir + "params");
+  const auto state_dict = load(dir + "state_dict.pt");
+  std::vector<std::string> ours, python;
+  for (const auto& p : policy->named_parameters()) ours.push_back(p.key());
+  state_dict.for_each_leaf([&](const any_key_path& path, const at::Tensor&) { python.push_back(path.front()); });
+  std::sort(ours.begin(), ours.end());
+  std::sort(python.begin(), python.end());
+  CHECK(ours == python);
+  return params;
+}
+
+}  // namespace
+
+TEST_CASE("TensorDictSequential policies load Python's parameters by name and give its outputs", "[tensordict_nn]") {
+  using obs_only = schema<leaf<"observation">>;
+  SECTION("categorical policy: MLP -> logits -> OneHotCategorical") {
+    const auto dir = nn_fixture("categorical_policy");
+    using net_t = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"observation">, tdn::out_keys<"logits">>;
+    using head_t = tdn::ProbabilisticTensorDictModule<tdn::OneHotCategorical, tdn::in_keys<"logits">, tdn::out_keys<"action">,
+                                                      tdn::log_prob_key<"sample_log_prob">>;
+    tdn::TensorDictSequential<net_t, head_t> policy(net_t(mlp(4, 16, 3)), head_t());
+    STATIC_REQUIRE(std::is_same_v<decltype(policy)::Impl::in_keys_t, tdn::in_keys<"observation">>);
+    STATIC_REQUIRE(std::is_same_v<decltype(policy)::Impl::out_keys_t, tdn::out_keys<"logits", "action", "sample_log_prob">>);
+    const auto params = python_params(policy, dir);
+    TensorDict<obs_only> td({load_memmap(dir + "input").get("observation")}, {5});
+    const auto expected = load_memmap(dir + "output_mode");
+    auto swap = to_module(params, policy);
+    const auto out = policy(td);
+    CHECK(near(out.get<"logits">(), expected.get("logits")));
+    CHECK(out.get<"action">().equal(expected.get("action")));
+    CHECK(near(out.get<"sample_log_prob">(), expected.get("sample_log_prob")));
+  }
+  SECTION("Delta and TruncatedNormal policies, through functional_call") {
+    const auto delta_dir = nn_fixture("delta");
+    using delta_net = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"observation">, tdn::out_keys<"param">>;
+    using delta_head = tdn::ProbabilisticTensorDictModule<tdn::Delta, tdn::in_keys<"param">, tdn::out_keys<"action">,
+                                                          tdn::log_prob_key<"sample_log_prob">>;
+    tdn::TensorDictSequential<delta_net, delta_head> delta(delta_net(mlp(4, 16, 2)), delta_head());
+    const auto delta_out = functional_call(delta, python_params(delta, delta_dir),
+                                           TensorDict<obs_only>({load_memmap(delta_dir + "input").get("observation")}, {5}));
+    const auto delta_expected = load_memmap(delta_dir + "output_mode");
+    CHECK(near(delta_out.get<"action">(), delta_expected.get("action")));
+    CHECK(delta_out.get<"sample_log_prob">().equal(delta_expected.get("sample_log_prob")));
+
+    const auto dir = nn_fixture("truncated_normal");
+    using net_t = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"observation">, tdn::out_keys<"param">>;
+    using extractor_t = tdn::TensorDictModule<tdn::NormalParamExtractor, tdn::in_keys<"param">, tdn::out_keys<"loc", "scale">>;
+    using head_t = tdn::ProbabilisticTensorDictModule<tdn::TruncatedNormal, tdn::in_keys<"loc", "scale">, tdn::out_keys<"action">,
+                                                      tdn::log_prob_key<"sample_log_prob">>;
+    tdn::TensorDictSequential<net_t, extractor_t, head_t> policy(net_t(mlp(4, 32, 8)), extractor_t(tdn::NormalParamExtractor()),
+                                                                 head_t({.distribution = {.a = -1.0, .b = 1.0}}));
+    tdn::set_interaction_type mean(tdn::interaction_type::mean);
+    const auto out = functional_call(policy, python_params(policy, dir),
+                                     TensorDict<obs_only>({load_memmap(dir + "input").get("observation")}, {5}));
+    const auto expected = load_memmap(dir + "output_mean");
+    for (const char* k : {"param", "loc", "scale", "action", "sample_log_prob"}) {
+      INFO(k);
+      CHECK(near(AnyTensorDict(out).get(k), expected.get(k)));
+    }
+  }
+}
+
+// The modules of the sequential_keys fixture (make.py's TwoHeads and CatLinear).
+struct TwoHeadsImpl : torch::nn::Module {
+  torch::nn::Linear l1{nullptr}, l2{nullptr};
+  TwoHeadsImpl() : l1(register_module("l1", torch::nn::Linear(3, 4))), l2(register_module("l2", torch::nn::Linear(3, 2))) {}
+  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& x) { return {l1(x).tanh(), l2(x)}; }
+};
+TORCH_MODULE(TwoHeads);
+TENSORDICT_MODULE(TwoHeadsImpl, l1, l2);
+
+struct CatLinearImpl : torch::nn::Module {
+  torch::nn::Linear lin{nullptr};
+  CatLinearImpl() : lin(register_module("lin", torch::nn::Linear(7, 2))) {}
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& z) { return lin(at::cat({x, z}, -1)); }
+};
+TORCH_MODULE(CatLinear);
+TENSORDICT_MODULE(CatLinearImpl, lin);
+
+TEST_CASE("TensorDictSequential: keys computed at compile time, several out keys, select_subsequence as Python's",
+          "[tensordict_nn]") {
+  // sequential_keys with flat keys: obs_a is ("obs", "a"), hidden_x ("hidden", "x"), ...
+  using m0_t = tdn::TensorDictModule<TwoHeads, tdn::in_keys<"obs_a">, tdn::out_keys<"hidden_x", "hidden_y">>;
+  using m1_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"obs_b">, tdn::out_keys<"other_z">>;
+  using m2_t = tdn::TensorDictModule<CatLinear, tdn::in_keys<"hidden_x", "other_z">, tdn::out_keys<"out">>;
+  using seq_t = tdn::TensorDictSequential<m0_t, m1_t, m2_t>;
+  seq_t seq(m0_t(TwoHeads()), m1_t(torch::nn::Linear(2, 3)), m2_t(CatLinear()));
+  STATIC_REQUIRE(std::is_same_v<seq_t::Impl::in_keys_t, tdn::in_keys<"obs_a", "obs_b">>);
+  STATIC_REQUIRE(std::is_same_v<seq_t::Impl::out_keys_t, tdn::out_keys<"hidden_x", "hidden_y", "other_z", "out">>);
+
+  const auto dir = nn_fixture("sequential_keys");
+  const auto params = python_params(seq, dir);
+  CHECK(params.get<"module", "0", "module", "l1", "weight">().sizes() == at::IntArrayRef{4, 3});
+  auto swap = to_module(params, seq);
+  const auto input = load_memmap(dir + "input");
+  using obs = schema<leaf<"obs_a">, leaf<"obs_b">>;
+  TensorDict<obs> td({input.get("obs", "a"), input.get("obs", "b")}, {5});
+
+  const auto expected = load_memmap(dir + "output");
+  const auto out = seq(td);
+  CHECK(near(out.get<"hidden_x">(), expected.get("hidden", "x")));
+  CHECK(near(out.get<"hidden_y">(), expected.get("hidden", "y")));
+  CHECK(near(out.get<"other_z">(), expected.get("other", "z")));
+  CHECK(near(out.get<"out">(), expected.get("out")));
+
+  // (a) out_keys=[hidden.y]: the first module alone, shared with the sequence.
+  auto sub_a = seq->select_subsequence<void, tdn::out_keys<"hidden_y">>();
+  STATIC_REQUIRE(std::is_same_v<decltype(sub_a), tdn::TensorDictSequential<m0_t>>);
+  CHECK(sub_a->child<0>().get() == seq->child<0>().get());
+  CHECK(near(sub_a(td).get<"hidden_y">(), load_memmap(dir + "subseq_a_output").get("hidden", "y")));
+  // (b) in_keys=[obs.b, hidden.x], out_keys=[out]: the second and third.
+  auto sub_b = seq->select_subsequence<tdn::in_keys<"obs_b", "hidden_x">, tdn::out_keys<"out">>();
+  STATIC_REQUIRE(std::is_same_v<decltype(sub_b), tdn::TensorDictSequential<m1_t, m2_t>>);
+  STATIC_REQUIRE(std::is_same_v<decltype(sub_b)::Impl::in_keys_t, tdn::in_keys<"obs_b", "hidden_x">>);
+  const auto b_input = load_memmap(dir + "subseq_b_input");
+  const auto b_out = sub_b(TensorDict<schema<leaf<"obs_b">, leaf<"hidden_x">>>({b_input.get("obs", "b"), b_input.get("hidden", "x")}, {5}));
+  CHECK(near(b_out.get<"out">(), load_memmap(dir + "subseq_b_output").get("out")));
+  // (c) in_keys=[obs.b]: the second alone.
+  STATIC_REQUIRE(std::is_same_v<decltype(seq->select_subsequence<tdn::in_keys<"obs_b">>()), tdn::TensorDictSequential<m1_t>>);
+
+  // A sequence inside a sequence: the same outputs, Python's nested names.
+  using inner_t = tdn::TensorDictSequential<m0_t, m1_t>;
+  tdn::TensorDictSequential<inner_t, m2_t> nested(inner_t(seq->child<0>(), seq->child<1>()), seq->child<2>());
+  STATIC_REQUIRE(std::is_same_v<decltype(nested)::Impl::in_keys_t, tdn::in_keys<"obs_a", "obs_b">>);
+  CHECK(near(nested(td).get<"out">(), expected.get("out")));
+  CHECK(from_module(nested).flatten_keys().get<"module.0.module.0.module.l1.weight">().is_same(params.get<"module", "0", "module", "l1", "weight">()));
+
+  // Gradients reach the parameters through functional_call.
+  auto trained = from_module(seq).apply([](const at::Tensor& t) { return t.detach().clone().requires_grad_(); });
+  const auto y = functional_call(seq, trained, td).get<"out">();
+  const auto grads = torch::autograd::grad({y.sum()}, {trained.get<"module", "0", "module", "l1", "weight">()});
+  CHECK(grads[0].abs().sum().item<float>() > 0);
+}
+
+TEST_CASE("TensorDictSequential: two modules may write one key, the later one's value stays (as Python)", "[tensordict_nn]") {
+  using first_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"x">, tdn::out_keys<"y">>;
+  using again_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"y">, tdn::out_keys<"y">>;
+  tdn::TensorDictSequential<first_t, again_t> seq(first_t(torch::nn::Linear(3, 2)), again_t(torch::nn::Linear(2, 2)));
+  STATIC_REQUIRE(std::is_same_v<decltype(seq)::Impl::in_keys_t, tdn::in_keys<"x">>);
+  STATIC_REQUIRE(std::is_same_v<decltype(seq)::Impl::out_keys_t, tdn::out_keys<"y">>);
+  TensorDict<schema<leaf<"x">>> td({at::randn({4, 3})}, {4});
+  const auto out = seq(td);
+  STATIC_REQUIRE(std::remove_cvref_t<decltype(out)>::schema_t::leaf_count == 2);
+  CHECK(at::allclose(out.get<"y">(), seq->child<1>()->module(seq->child<0>()->module(td.get<"x">()))));
 }

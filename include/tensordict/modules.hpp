@@ -74,6 +74,7 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
   using module_type = Wrapped;
   using inner_impl = impl_of_t<Wrapped>;
   using in_keys_t = in_keys<In...>;
+  using out_keys_t = out_keys<Out...>;
 
   explicit TensorDictModuleImpl(Wrapped wrapped) : module(register_module("module", std::move(wrapped))) {}
 

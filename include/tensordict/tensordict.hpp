@@ -23,6 +23,7 @@
 #include "reset_parameters.hpp"
 #include "schema.hpp"
 #include "tensorclass.hpp"
+#include "tensordict_sequential.hpp"
 #include "to_module.hpp"
 #include "typed_tensordict.hpp"
 #include "vmap.hpp"

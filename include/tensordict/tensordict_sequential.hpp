@@ -1,0 +1,409 @@
+// TensorDictSequential (Python's tensordict.nn.TensorDictSequential): key-wired
+// modules called in turn, each reading keys of the TensorDict that the input or
+// an earlier module wrote, the compiler checking the wiring.
+//
+//   using actor_net = tdn::TensorDictModule<mlp, tdn::in_keys<"observation">, tdn::out_keys<"param">>;
+//   using extractor = tdn::TensorDictModule<tdn::NormalParamExtractor, tdn::in_keys<"param">, tdn::out_keys<"loc", "scale">>;
+//   using head = tdn::ProbabilisticTensorDictModule<tdn::Normal, tdn::in_keys<"loc", "scale">, tdn::out_keys<"action">>;
+//   tdn::TensorDictSequential<actor_net, extractor, head> policy(actor_net(mlp(...)), extractor(tdn::NormalParamExtractor()), head());
+//   auto out = policy(td);                           // td plus param, loc, scale and action
+//   // decltype(policy)::Impl::in_keys_t is in_keys<"observation">; a module that reads a key
+//   // nothing before it writes does not compile, naming the module's index and the key.
+//
+// Its modules are registered as Python's: "module" (a ModuleList), then "0",
+// "1", ..., so parameters are named module.0.module.0.weight as Python names
+// them, and a state dict or memmap directory Python saved loads by name.
+// Two modules may write one key (the later one's value stays), as in Python.
+#pragma once
+
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "probabilistic.hpp"
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "modules/sequential.hpp"
+
+namespace tensordict::nn {
+
+namespace compile_error {
+template <std::size_t ModuleIndex, key Key, class Available>
+struct sequence_module_reads_unwritten_key {
+  static_assert(::tensordict::compile_error::always_false<Available>,
+                "tensordict::nn::TensorDictSequential: a module reads a key that neither the input nor an earlier "
+                "module writes (the module's index and the key are in 'sequence_module_reads_unwritten_key<...>' "
+                "above; the keys it could read follow). Write the key in an earlier module or put it in the input.");
+};
+template <key Key, class SequenceKeys>
+struct subsequence_key_unknown {
+  static_assert(::tensordict::compile_error::always_false<SequenceKeys>,
+                "tensordict::nn::TensorDictSequential::select_subsequence: a key that no module of the sequence reads "
+                "or writes (in 'subsequence_key_unknown<...>' above; the sequence's keys follow). Check its spelling.");
+};
+template <class InKeys, class OutKeys>
+struct subsequence_is_empty {
+  static_assert(::tensordict::compile_error::always_false<InKeys>,
+                "tensordict::nn::TensorDictSequential::select_subsequence: no module is left (Python: 'No modules left "
+                "after selection'). Make the in keys and out keys coherent: a kept module reads only the given in "
+                "keys or what a kept module before it writes, and writes one of the out keys or what a later kept "
+                "module reads.");
+};
+}  // namespace compile_error
+
+namespace detail {
+
+template <class List, key K>
+struct key_list_has;
+template <template <key...> class L, key... Ks, key K>
+struct key_list_has<L<Ks...>, K> : std::bool_constant<((Ks == K) || ...)> {};
+
+template <class List, key K>
+struct key_list_append;
+template <template <key...> class L, key... Ks, key K>
+struct key_list_append<L<Ks...>, K> {
+  using type = std::conditional_t<key_list_has<L<Ks...>, K>::value, L<Ks...>, L<Ks..., K>>;
+};
+
+template <class List, class More>
+struct key_list_append_all;
+template <class List, template <key...> class M>
+struct key_list_append_all<List, M<>> {
+  using type = List;
+};
+template <class List, template <key...> class M, key First, key... Rest>
+struct key_list_append_all<List, M<First, Rest...>> {
+  using type = typename key_list_append_all<typename key_list_append<List, First>::type, M<Rest...>>::type;
+};
+
+// Keys a module reads that are not in Written yet, appended to Needed.
+template <class Needed, class Written, class In>
+struct needed_from_outside;
+template <class Needed, class Written>
+struct needed_from_outside<Needed, Written, in_keys<>> {
+  using type = Needed;
+};
+template <class Needed, class Written, key First, key... Rest>
+struct needed_from_outside<Needed, Written, in_keys<First, Rest...>> {
+  using grown = std::conditional_t<key_list_has<Written, First>::value, Needed,
+                                   typename key_list_append<Needed, First>::type>;
+  using type = typename needed_from_outside<grown, Written, in_keys<Rest...>>::type;
+};
+
+// A sequence's in keys (read before any of its modules writes them) and out
+// keys (every module's, in order, once).
+template <class Needed, class Written, class... Impls>
+struct sequence_keys {
+  using in = Needed;
+  using out = Written;
+};
+template <class Needed, class Written, class First, class... Rest>
+struct sequence_keys<Needed, Written, First, Rest...>
+    : sequence_keys<typename needed_from_outside<Needed, Written, typename First::in_keys_t>::type,
+                    typename key_list_append_all<Written, typename First::out_keys_t>::type, Rest...> {};
+
+// The schema after modules First, Rest... ran on S.
+template <class S, class... Impls>
+struct schema_after {
+  using type = S;
+};
+template <class S, class First, class... Rest>
+struct schema_after<S, First, Rest...> : schema_after<typename First::template output_schema<S>, Rest...> {};
+
+template <class List>
+struct key_views;
+template <template <key...> class L, key... Ks>
+struct key_views<L<Ks...>> {
+  static constexpr std::array<std::string_view, sizeof...(Ks)> value{Ks.view()...};
+};
+
+// Python's select_subsequence: which modules stay (a forward pass keeps those
+// whose in keys are all available, a backward pass those that write a wanted key).
+template <class InKeys, class OutKeys, class... Impls>
+constexpr std::array<bool, sizeof...(Impls)> subsequence_kept() {
+  std::array<bool, sizeof...(Impls)> keep{};
+  std::vector<std::string_view> available(key_views<InKeys>::value.begin(), key_views<InKeys>::value.end());
+  std::vector<std::string_view> wanted(key_views<OutKeys>::value.begin(), key_views<OutKeys>::value.end());
+  constexpr std::array<std::span<const std::string_view>, sizeof...(Impls)> ins{
+      std::span<const std::string_view>(key_views<typename Impls::in_keys_t>::value)...};
+  constexpr std::array<std::span<const std::string_view>, sizeof...(Impls)> outs{
+      std::span<const std::string_view>(key_views<typename Impls::out_keys_t>::value)...};
+  auto contains = [](const std::vector<std::string_view>& set, std::string_view k) {
+    for (auto s : set)
+      if (s == k) return true;
+    return false;
+  };
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    bool all = true;
+    for (auto k : ins[i]) all = all && contains(available, k);
+    keep[i] = all;
+    if (all)
+      for (auto k : outs[i]) available.push_back(k);
+  }
+  for (std::size_t j = keep.size(); j-- > 0;) {
+    if (!keep[j]) continue;
+    bool writes_wanted = false;
+    for (auto k : outs[j]) writes_wanted = writes_wanted || contains(wanted, k);
+    keep[j] = writes_wanted;
+    if (writes_wanted)
+      for (auto k : ins[j]) wanted.push_back(k);
+  }
+  return keep;
+}
+
+template <auto Keep, std::size_t... I>
+constexpr auto kept_indices(std::index_sequence<I...>) {
+  constexpr std::size_t count = (std::size_t{0} + ... + (Keep[I] ? 1 : 0));
+  std::array<std::size_t, count> out{};
+  std::size_t k = 0;
+  ((Keep[I] ? (out[k++] = I, 0) : 0), ...);
+  return out;
+}
+
+// Python's nn.ModuleList of a TensorDictSequential: its modules registered as "0", "1", ...
+template <class... Holders>
+class ModuleListImpl : public torch::nn::Module {
+ public:
+  explicit ModuleListImpl(Holders... modules) : children_(std::move(modules)...) {
+    register_all(std::index_sequence_for<Holders...>{});
+  }
+  template <std::size_t I>
+  auto& child() {
+    return std::get<I>(children_);
+  }
+  template <std::size_t I>
+  const auto& child() const {
+    return std::get<I>(children_);
+  }
+
+ private:
+  template <std::size_t... I>
+  void register_all(std::index_sequence<I...>) {
+    ((std::get<I>(children_) = register_module(std::to_string(I), std::get<I>(children_))), ...);
+  }
+  std::tuple<Holders...> children_;
+};
+
+}  // namespace detail
+
+template <class... Modules>
+class TensorDictSequentialImpl : public torch::nn::Module {
+  static_assert(sizeof...(Modules) > 0, "tensordict::nn::TensorDictSequential needs at least one module.");
+  using keys = detail::sequence_keys<in_keys<>, out_keys<>, impl_of_t<Modules>...>;
+
+ public:
+  using is_tensordict_sequential = void;
+  // What the sequence reads from its input, and what its modules write.
+  using in_keys_t = typename keys::in;
+  using out_keys_t = typename keys::out;
+  template <class S>
+  using output_schema = typename detail::schema_after<S, impl_of_t<Modules>...>::type;
+
+  explicit TensorDictSequentialImpl(Modules... modules)
+      : module(register_module("module", std::make_shared<detail::ModuleListImpl<Modules...>>(std::move(modules)...))) {}
+
+  template <std::size_t I>
+  auto& child() {
+    return module->template child<I>();
+  }
+  static constexpr std::size_t size() { return sizeof...(Modules); }
+
+  // Every in key of the sequence in S.
+  template <class S>
+  static constexpr bool has_in_keys() {
+    return has_all<S>(in_keys_t{});
+  }
+
+  // The modules in turn; the result holds the input's leaves and every out key.
+  template <class S>
+  TensorDict<output_schema<S>> forward(const TensorDict<S>& td) {
+    return run<0>(td);
+  }
+
+  // Python's select_subsequence: a sequence of the modules that, from in keys
+  // (the sequence's own when void), lead to out keys (its own when void). The
+  // modules are shared, not copied.
+  template <class InKeys = void, class OutKeys = void>
+  auto select_subsequence() {
+    using in = std::conditional_t<std::is_void_v<InKeys>, in_keys_t, InKeys>;
+    using out = std::conditional_t<std::is_void_v<OutKeys>, out_keys_t, OutKeys>;
+    constexpr auto keep = detail::subsequence_kept<in, out, impl_of_t<Modules>...>();
+    constexpr auto indices = detail::kept_indices<keep>(std::index_sequence_for<Modules...>{});
+    if constexpr (!known(in{}) || !known(out{})) {
+      report_unknown(in{});
+      report_unknown(out{});
+      return *this;
+    } else if constexpr (indices.size() == 0) {
+      ::tensordict::compile_error::report<compile_error::subsequence_is_empty<in, out>>();
+      return *this;
+    } else {
+      return subsequence<indices>(std::make_index_sequence<indices.size()>{});
+    }
+  }
+
+  std::shared_ptr<detail::ModuleListImpl<Modules...>> module;
+
+ private:
+  template <class S, key... K>
+  static constexpr bool has_all(in_keys<K...>) {
+    return (has_path_v<S, K> && ...);
+  }
+
+  template <std::size_t I, class S>
+  auto run(const TensorDict<S>& td) {
+    if constexpr (I == sizeof...(Modules)) {
+      return td;
+    } else {
+      using M = impl_of_t<std::tuple_element_t<I, std::tuple<Modules...>>>;
+      if constexpr (!M::template has_in_keys<S>()) {
+        report_missing<I, S>(typename M::in_keys_t{});
+        return TensorDict<typename detail::schema_after<S, impl_of_t<Modules>...>::type>();
+      } else {
+        return run<I + 1>(child<I>()->forward(td));
+      }
+    }
+  }
+
+  template <std::size_t I, class S, key... K>
+  static constexpr void report_missing(in_keys<K...>) {
+    bool reported = false;
+    (report_one<I, K, S>(reported), ...);
+  }
+  template <std::size_t I, key K, class S>
+  static constexpr void report_one(bool& reported) {
+    if constexpr (!has_path_v<S, K>) {
+      if (!reported)
+        ::tensordict::compile_error::report<compile_error::sequence_module_reads_unwritten_key<I, K, typename S::keys>>();
+      reported = true;
+    }
+  }
+
+  // A key some module reads or writes.
+  template <key K>
+  static constexpr bool known_key() {
+    return detail::key_list_has<out_keys_t, K>::value ||
+           (detail::key_list_has<typename impl_of_t<Modules>::in_keys_t, K>::value || ...);
+  }
+  template <template <key...> class L, key... K>
+  static constexpr bool known(L<K...>) {
+    return (known_key<K>() && ...);
+  }
+  template <template <key...> class L, key... K>
+  static constexpr void report_unknown(L<K...>) {
+    (report_unknown_key<K>(), ...);
+  }
+  template <key K>
+  static constexpr void report_unknown_key() {
+    if constexpr (!known_key<K>())
+      ::tensordict::compile_error::report<
+          compile_error::subsequence_key_unknown<K, typename detail::key_list_append_all<in_keys_t, out_keys_t>::type>>();
+  }
+
+  template <auto Indices, std::size_t... J>
+  auto subsequence(std::index_sequence<J...>);
+};
+
+template <class... Modules>
+class TensorDictSequential : public torch::nn::ModuleHolder<TensorDictSequentialImpl<Modules...>> {
+ public:
+  using Impl = TensorDictSequentialImpl<Modules...>;
+  using torch::nn::ModuleHolder<Impl>::ModuleHolder;
+  explicit TensorDictSequential(Modules... modules)
+      : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(modules)...)) {}
+  // module(td), as in Python.
+  template <class S>
+  auto operator()(const TensorDict<S>& td) {
+    return this->get()->forward(td);
+  }
+};
+
+template <class... Modules>
+template <auto Indices, std::size_t... J>
+auto TensorDictSequentialImpl<Modules...>::subsequence(std::index_sequence<J...>) {
+  using result = TensorDictSequential<std::tuple_element_t<Indices[J], std::tuple<Modules...>>...>;
+  return result(child<Indices[J]>()...);
+}
+
+// ---- adapters: schema and functional forms ------------------------------------
+
+template <class... Holders>
+struct module_traits<detail::ModuleListImpl<Holders...>> {
+  using members = typename detail::sequential_members<std::index_sequence_for<Holders...>, Holders...>::type;
+};
+
+template <class... Modules>
+struct module_traits<TensorDictSequentialImpl<Modules...>> {
+  using members = member_list<member<"module", member_pointer<&TensorDictSequentialImpl<Modules...>::module>>>;
+};
+
+template <class Wrapped, class In, class Out>
+struct module_traits<TensorDictModuleImpl<Wrapped, In, Out>> {
+  using members = member_list<member<"module", member_pointer<&TensorDictModuleImpl<Wrapped, In, Out>::module>>>;
+};
+
+namespace detail {
+// The sub-tree of params at `name`, or an empty TensorDict where the schema left it out (no tensors).
+template <key Name, class S>
+auto sub_params(const TensorDict<S>& p) {
+  if constexpr (S::find(Name.view()) == npos)
+    return TensorDict<schema<>>();
+  else
+    return p.template get<Name>();
+}
+}  // namespace detail
+
+// A TensorDictModule's forward with its wrapped module's functional form (or
+// its tensors swapped in, for a module type without one).
+template <class Wrapped, key... In, class Out>
+struct functional<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
+  static constexpr bool is_functional = true;
+  using Impl = TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>;
+  template <class S>
+  static auto forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const TensorDict<S>& td) {
+    if constexpr (schema_of<Impl>::leaf_count == 0)
+      return m.forward(td);
+    else
+      return Impl::with_output(td, ::tensordict::functional_call(m.module, p.template get<"module">(), td.template get<In>()...));
+  }
+};
+
+// A TensorDictSequential's forward with each module's functional form and its sub-tree of params.
+template <class... Modules>
+struct functional<TensorDictSequentialImpl<Modules...>> {
+  static constexpr bool is_functional = true;
+  using Impl = TensorDictSequentialImpl<Modules...>;
+  template <class S>
+  static auto forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const TensorDict<S>& td) {
+    return run<0>(m, detail::sub_params<"module">(p), td);
+  }
+
+ private:
+  template <std::size_t I, class P, class S>
+  static auto run(Impl& m, const TensorDict<P>& p, const TensorDict<S>& td) {
+    if constexpr (I == sizeof...(Modules)) {
+      return td;
+    } else {
+      auto& child = m.template child<I>();
+      return run<I + 1>(m, p, ::tensordict::functional_call(child, detail::sub_params<detail::index_key<I>()>(p), td));
+    }
+  }
+};
+
+template <class Dist, class In, class Out, class LogProb>
+struct touches_module<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>> : std::false_type {};
+template <class Wrapped, class In, class Out>
+struct touches_module<TensorDictModuleImpl<Wrapped, In, Out>> : touches_module<impl_of_t<Wrapped>> {};
+template <class... Modules>
+struct touches_module<TensorDictSequentialImpl<Modules...>> : std::disjunction<touches_module<impl_of_t<Modules>>...> {};
+
+}  // namespace tensordict::nn
