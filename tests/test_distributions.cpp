@@ -37,15 +37,6 @@ using test::Contains;
 
 namespace {
 
-// Python's value within 1e-6 relative (the issue's tolerance), same shape and dtype.
-bool near(const at::Tensor& ours, const at::Tensor& python) {
-  INFO("ours " << describe(ours) << ", Python's " << describe(python));
-  return ours.sizes() == python.sizes() && ours.scalar_type() == python.scalar_type() &&
-         at::allclose(ours, python, 1e-6, 1e-7);
-}
-
-std::string nn_fixture(const std::string& name) { return test::test_data("tensordict-v0.4-nn/" + name + "/"); }
-
 // The message of the E that f throws ("" for none, "other exception" for another type).
 template <class E, class F>
 std::string thrown(F&& f) {
@@ -65,7 +56,7 @@ at::Generator seeded(uint64_t seed) { return at::make_generator<at::CPUGenerator
 
 TEST_CASE("Normal and Independent(Normal) give tensordict 0.4's log_prob, entropy, mode and mean", "[distributions]") {
   for (const bool independent : {false, true}) {
-    const auto dir = nn_fixture(independent ? "independent_normal_policy" : "gaussian_policy");
+    const auto dir = test::nn_fixture(independent ? "independent_normal_policy" : "gaussian_policy");
     const auto mode_out = load_memmap(dir + "output_mode");
     const auto mean_out = load_memmap(dir + "output_mean");
     const auto action = load_memmap(dir + "fixed_action").get("action");
@@ -74,11 +65,11 @@ TEST_CASE("Normal and Independent(Normal) give tensordict 0.4's log_prob, entrop
     const tdn::Independent joint(normal, 1);
     const tdn::Distribution& dist = independent ? static_cast<const tdn::Distribution&>(joint) : normal;
     INFO(dist.repr());
-    CHECK(near(dist.log_prob(action), expected.get("log_prob")));
-    CHECK(near(dist.entropy(), expected.get("entropy")));
-    CHECK(near(dist.mode(), mode_out.get("agents", "action")));
-    CHECK(near(dist.log_prob(dist.mode()), mode_out.get("sample_log_prob")));
-    CHECK(near(dist.mean(), mean_out.get("agents", "action")));
+    CHECK(test::near_python(dist.log_prob(action), expected.get("log_prob")));
+    CHECK(test::near_python(dist.entropy(), expected.get("entropy")));
+    CHECK(test::near_python(dist.mode(), mode_out.get("agents", "action")));
+    CHECK(test::near_python(dist.log_prob(dist.mode()), mode_out.get("sample_log_prob")));
+    CHECK(test::near_python(dist.mean(), mean_out.get("agents", "action")));
     CHECK(dist.batch_shape() == (independent ? std::vector<int64_t>{5} : std::vector<int64_t>{5, 4}));
     CHECK(dist.event_shape() == (independent ? std::vector<int64_t>{4} : std::vector<int64_t>{}));
     // 0.4 refuses the median; it is loc.
@@ -88,28 +79,28 @@ TEST_CASE("Normal and Independent(Normal) give tensordict 0.4's log_prob, entrop
 
 TEST_CASE("OneHotCategorical and Categorical give tensordict 0.4's log_prob, entropy and mode", "[distributions]") {
   {
-    const auto dir = nn_fixture("categorical_policy");
+    const auto dir = test::nn_fixture("categorical_policy");
     const auto out = load_memmap(dir + "output_mode");
     const auto expected = load_memmap(dir + "dist_values");
     const tdn::OneHotCategorical dist(out.get("logits"));
-    CHECK(near(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
-    CHECK(near(dist.entropy(), expected.get("entropy")));
+    CHECK(test::near_python(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
+    CHECK(test::near_python(dist.entropy(), expected.get("entropy")));
     CHECK(dist.mode().equal(out.get("action")));
-    CHECK(near(dist.log_prob(dist.mode()), out.get("sample_log_prob")));
+    CHECK(test::near_python(dist.log_prob(dist.mode()), out.get("sample_log_prob")));
     CHECK(dist.deterministic_sample().equal(out.get("action")));
     CHECK(dist.batch_shape() == std::vector<int64_t>{5});
     CHECK(dist.event_shape() == std::vector<int64_t>{3});
-    CHECK(near(dist.mean(), out.get("logits").softmax(-1)));
+    CHECK(test::near_python(dist.mean(), out.get("logits").softmax(-1)));
   }
   {
-    const auto dir = nn_fixture("categorical_policy_torch_categorical");
+    const auto dir = test::nn_fixture("categorical_policy_torch_categorical");
     const auto out = load_memmap(dir + "output_mode");
     const auto expected = load_memmap(dir + "dist_values");
     const tdn::Categorical dist(out.get("logits"));
-    CHECK(near(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
-    CHECK(near(dist.entropy(), expected.get("entropy")));
+    CHECK(test::near_python(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
+    CHECK(test::near_python(dist.entropy(), expected.get("entropy")));
     CHECK(dist.mode().equal(out.get("action")));
-    CHECK(near(dist.log_prob(dist.mode()), out.get("sample_log_prob")));
+    CHECK(test::near_python(dist.log_prob(dist.mode()), out.get("sample_log_prob")));
     CHECK(dist.event_shape().empty());
     // As torch's: NaN of batch_shape (an index has no mean).
     CHECK(dist.mean().isnan().all().item<bool>());
@@ -122,20 +113,20 @@ TEST_CASE("OneHotCategorical and Categorical give tensordict 0.4's log_prob, ent
 
 TEST_CASE("TruncatedNormal and Delta give tensordict 0.4's values", "[distributions]") {
   {
-    const auto dir = nn_fixture("truncated_normal");
+    const auto dir = test::nn_fixture("truncated_normal");
     const auto out = load_memmap(dir + "output_mean");
     const auto expected = load_memmap(dir + "dist_values");
     const tdn::TruncatedNormal dist(out.get("loc"), out.get("scale"), {.a = -1.0, .b = 1.0});
-    CHECK(near(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
-    CHECK(near(dist.entropy(), expected.get("entropy")));
-    CHECK(near(dist.mean(), out.get("action")));
-    CHECK(near(dist.log_prob(dist.mean()), out.get("sample_log_prob")));
+    CHECK(test::near_python(dist.log_prob(load_memmap(dir + "fixed_action").get("action")), expected.get("log_prob")));
+    CHECK(test::near_python(dist.entropy(), expected.get("entropy")));
+    CHECK(test::near_python(dist.mean(), out.get("action")));
+    CHECK(test::near_python(dist.log_prob(dist.mean()), out.get("sample_log_prob")));
     // 0.4 refuses the mode and the median: loc clamped into [a, b], and the icdf at 0.5.
     CHECK(dist.mode().equal(out.get("loc").clamp(-1, 1)));
     CHECK(at::allclose(dist.cdf(dist.median()), at::full({5, 4}, 0.5), 1e-4, 1e-5));
   }
   {
-    const auto dir = nn_fixture("delta");
+    const auto dir = test::nn_fixture("delta");
     const auto out = load_memmap(dir + "output_mode");
     const auto param = out.get("param");
     const tdn::Delta dist(param);
@@ -161,37 +152,37 @@ TEST_CASE("Bernoulli and TanhNormal equal torch.distributions", "[distributions]
   const auto loc = py.get("param.loc"), scale = py.get("param.scale"), logits = py.get("param.logits");
 
   const auto bern = tdn::Bernoulli::from_logits(logits);
-  CHECK(near(bern.log_prob(py.get("bernoulli.value")), py.get("bernoulli.log_prob")));
-  CHECK(near(bern.entropy(), py.get("bernoulli.entropy")));
-  CHECK(near(bern.mean(), py.get("bernoulli.mean")));
+  CHECK(test::near_python(bern.log_prob(py.get("bernoulli.value")), py.get("bernoulli.log_prob")));
+  CHECK(test::near_python(bern.entropy(), py.get("bernoulli.entropy")));
+  CHECK(test::near_python(bern.mean(), py.get("bernoulli.mean")));
   CHECK(bern.mode().equal(py.get("bernoulli.mode")));
   const tdn::Bernoulli from_probs(py.get("bernoulli_probs.probs"));
-  CHECK(near(from_probs.log_prob(at::tensor({0.0, 1.0, 1.0, 1.0}, at::kDouble)), py.get("bernoulli_probs.log_prob")));
-  CHECK(near(from_probs.entropy(), py.get("bernoulli_probs.entropy")));
+  CHECK(test::near_python(from_probs.log_prob(at::tensor({0.0, 1.0, 1.0, 1.0}, at::kDouble)), py.get("bernoulli_probs.log_prob")));
+  CHECK(test::near_python(from_probs.entropy(), py.get("bernoulli_probs.entropy")));
   // NaN at probs 0.5, as torch's.
   CHECK(at::allclose(from_probs.mode(), py.get("bernoulli_probs.mode"), 0, 0, /*equal_nan=*/true));
 
   const tdn::TanhNormal tanh(loc, scale);
-  CHECK(near(tanh.log_prob(py.get("tanh_normal.value")), py.get("tanh_normal.log_prob")));
-  CHECK(near(tanh.mode(), py.get("tanh_normal.mode")));
+  CHECK(test::near_python(tanh.log_prob(py.get("tanh_normal.value")), py.get("tanh_normal.log_prob")));
+  CHECK(test::near_python(tanh.mode(), py.get("tanh_normal.mode")));
   CHECK(tanh.batch_shape() == std::vector<int64_t>{3});
   CHECK(tanh.event_shape() == std::vector<int64_t>{4});
   const tdn::TanhNormal bounded(loc, scale, {.low = -2.0, .high = 3.0});
-  CHECK(near(bounded.log_prob(py.get("tanh_normal_bounds.value")), py.get("tanh_normal_bounds.log_prob")));
-  CHECK(near(bounded.deterministic_sample(), py.get("tanh_normal_bounds.mode")));
-  CHECK(near(bounded.median(), py.get("tanh_normal_bounds.mode")));
+  CHECK(test::near_python(bounded.log_prob(py.get("tanh_normal_bounds.value")), py.get("tanh_normal_bounds.log_prob")));
+  CHECK(test::near_python(bounded.deterministic_sample(), py.get("tanh_normal_bounds.mode")));
+  CHECK(test::near_python(bounded.median(), py.get("tanh_normal_bounds.mode")));
 }
 
 TEST_CASE("samples drawn with a generator seeded as torch.manual_seed equal Python's", "[distributions]") {
   const auto py = load(test::test_data("distributions.pt"));
   const auto loc = py.get("param.loc"), scale = py.get("param.scale"), logits = py.get("param.logits");
   const uint64_t seed = 1234;
-  CHECK(near(tdn::Normal(loc, scale).sample({2}, seeded(seed)), py.get("sample.normal")));
-  CHECK(near(tdn::Normal(loc, scale).rsample({2}, seeded(seed)), py.get("sample.normal_rsample")));
+  CHECK(test::near_python(tdn::Normal(loc, scale).sample({2}, seeded(seed)), py.get("sample.normal")));
+  CHECK(test::near_python(tdn::Normal(loc, scale).rsample({2}, seeded(seed)), py.get("sample.normal_rsample")));
   CHECK(tdn::Categorical(logits).sample({5}, seeded(seed)).equal(py.get("sample.categorical")));
   CHECK(tdn::OneHotCategorical(logits).sample({5}, seeded(seed)).equal(py.get("sample.one_hot_categorical").to(at::kLong)));
-  CHECK(near(tdn::Bernoulli::from_logits(logits).sample({2}, seeded(seed)), py.get("sample.bernoulli")));
-  CHECK(near(tdn::TanhNormal(loc, scale).rsample({2}, seeded(seed)), py.get("sample.tanh_normal")));
+  CHECK(test::near_python(tdn::Bernoulli::from_logits(logits).sample({2}, seeded(seed)), py.get("sample.bernoulli")));
+  CHECK(test::near_python(tdn::TanhNormal(loc, scale).rsample({2}, seeded(seed)), py.get("sample.tanh_normal")));
   // The same seed, the same draws; the shapes are sample_shape + batch_shape + event_shape.
   const tdn::TruncatedNormal trunc(loc, scale, {.a = -0.5, .b = 1.0});
   const auto a = trunc.sample({7, 2}, seeded(3));
@@ -285,29 +276,29 @@ TEST_CASE("NormalParamExtractor and AddStateIndependentNormalScale give tensordi
   namespace nn = torch::nn;
   {
     // MLP 4->32->32->8 (params module.0.module), then the extractor (Python's defaults).
-    const auto dir = nn_fixture("gaussian_policy");
+    const auto dir = test::nn_fixture("gaussian_policy");
     const auto out = load_memmap(dir + "output_mode");
     nn::Sequential mlp(nn::Linear(4, 32), nn::Tanh(), nn::Linear(32, 32), nn::Tanh(), nn::Linear(32, 8));
     const auto param = functional_call(mlp, load_memmap(dir + "params").get_tensordict("module", "0", "module"),
                                        load_memmap(dir + "input").get("agents", "observation"));
-    CHECK(near(param, out.get("param")));
+    CHECK(test::near_python(param, out.get("param")));
     tdn::NormalParamExtractor extractor;
     const auto [loc, scale] = extractor(param);
-    CHECK(near(loc, out.get("loc")));
-    CHECK(near(scale, out.get("scale")));
+    CHECK(test::near_python(loc, out.get("loc")));
+    CHECK(test::near_python(scale, out.get("scale")));
     STATIC_REQUIRE(tdn::schema_of<tdn::NormalParamExtractorImpl>::leaf_count == 0);
   }
   {
     // Sequential(MLP 4->32->4, AddStateIndependentNormalScale(4)): exp of the trained scale.
-    const auto dir = nn_fixture("state_independent_scale");
+    const auto dir = test::nn_fixture("state_independent_scale");
     const auto out = load_memmap(dir + "output_mode");
     nn::Sequential net(nn::Linear(4, 32), nn::Tanh(), nn::Linear(32, 4), tdn::AddStateIndependentNormalScale(std::vector<int64_t>{4}));
     const auto params = load_memmap(dir + "params").get_tensordict("module", "0", "module");
     CHECK(from_module(net).flatten_keys().keys() == params.flatten_keys().keys());
     auto swap = to_module(params, net);
     const auto [loc, scale] = net->forward<std::tuple<at::Tensor, at::Tensor>>(load_memmap(dir + "input").get("observation"));
-    CHECK(near(loc, out.get("loc")));
-    CHECK(near(scale, out.get("scale")));
+    CHECK(test::near_python(loc, out.get("loc")));
+    CHECK(test::near_python(scale, out.get("scale")));
   }
 }
 

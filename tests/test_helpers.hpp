@@ -11,6 +11,11 @@
 #include <unistd.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+
+#include <tensordict/detail/format.hpp>
+
+#include "catch_torch.hpp"
 
 namespace test {
 
@@ -56,6 +61,16 @@ inline std::vector<std::string> debris(const std::filesystem::path& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir))
     if (e.path().filename().string().find(".tensordict-") != std::string::npos) out.push_back(e.path().filename().string());
   return out;
+}
+
+// A folder of the tensordict 0.4 tensordict.nn fixtures (tests/data/tensordict-v0.4-nn), with a trailing '/'.
+inline std::string nn_fixture(const std::string& name) { return test_data("tensordict-v0.4-nn/" + name + "/"); }
+
+// Python's value within 1e-6 relative (issue 28's tolerance), with the same shape and dtype.
+inline bool near_python(const at::Tensor& ours, const at::Tensor& python) {
+  INFO("ours " << tensordict::describe(ours) << ", Python's " << tensordict::describe(python));
+  return ours.sizes() == python.sizes() && ours.scalar_type() == python.scalar_type() &&
+         at::allclose(ours, python, 1e-6, 1e-7);
 }
 
 }  // namespace test

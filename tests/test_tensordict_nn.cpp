@@ -33,52 +33,44 @@ using test::Contains;
 
 namespace {
 
-bool near(const at::Tensor& ours, const at::Tensor& python) {
-  INFO("ours " << describe(ours) << ", Python's " << describe(python));
-  return ours.sizes() == python.sizes() && ours.scalar_type() == python.scalar_type() &&
-         at::allclose(ours, python, 1e-6, 1e-7);
-}
-
-std::string nn_fixture(const std::string& name) { return test::test_data("tensordict-v0.4-nn/" + name + "/"); }
-
 using loc_scale = schema<leaf<"loc">, leaf<"scale">>;
 
 }  // namespace
 
 TEST_CASE("ProbabilisticTensorDictModule writes tensordict 0.4's action and sample_log_prob", "[tensordict_nn]") {
   SECTION("OneHotCategorical from logits, mode") {
-    const auto out = load_memmap(nn_fixture("categorical_policy") + "output_mode");
+    const auto out = load_memmap(test::nn_fixture("categorical_policy") + "output_mode");
     TensorDict<schema<leaf<"logits">>> td({out.get("logits")}, {5});
     tdn::ProbabilisticTensorDictModule<tdn::OneHotCategorical, tdn::in_keys<"logits">, tdn::out_keys<"action">,
                                        tdn::log_prob_key<"sample_log_prob">>
         head;
     const auto result = head(td);
     CHECK(result.get<"action">().equal(out.get("action")));
-    CHECK(near(result.get<"sample_log_prob">(), out.get("sample_log_prob")));
+    CHECK(test::near_python(result.get<"sample_log_prob">(), out.get("sample_log_prob")));
     CHECK(test::impl(result.get<"logits">()) == test::impl(td.get<"logits">()));
   }
   SECTION("TruncatedNormal with its bounds, mean (0.4 refuses its mode)") {
-    const auto out = load_memmap(nn_fixture("truncated_normal") + "output_mean");
+    const auto out = load_memmap(test::nn_fixture("truncated_normal") + "output_mean");
     TensorDict<loc_scale> td({out.get("loc"), out.get("scale")}, {5});
     tdn::ProbabilisticTensorDictModule<tdn::TruncatedNormal, tdn::in_keys<"scale", "loc">, tdn::out_keys<"action">,
                                        tdn::log_prob_key<"sample_log_prob">>
         head({.distribution = {.a = -1.0, .b = 1.0}});
     tdn::set_interaction_type mean(tdn::interaction_type::mean);
     const auto result = head(td);
-    CHECK(near(result.get<"action">(), out.get("action")));
-    CHECK(near(result.get<"sample_log_prob">(), out.get("sample_log_prob")));
+    CHECK(test::near_python(result.get<"action">(), out.get("action")));
+    CHECK(test::near_python(result.get<"sample_log_prob">(), out.get("sample_log_prob")));
   }
   SECTION("Independent(Normal, 1), Delta, Categorical") {
-    const auto indep = load_memmap(nn_fixture("independent_normal_policy") + "output_mode");
+    const auto indep = load_memmap(test::nn_fixture("independent_normal_policy") + "output_mode");
     TensorDict<loc_scale> td({indep.get("loc"), indep.get("scale")}, {5});
     tdn::ProbabilisticTensorDictModule<tdn::independent<tdn::Normal, 1>, tdn::in_keys<"loc", "scale">,
                                        tdn::out_keys<"action">, tdn::log_prob_key<"sample_log_prob">>
         head;
     const auto result = head(td);
-    CHECK(near(result.get<"action">(), indep.get("agents", "action")));
-    CHECK(near(result.get<"sample_log_prob">(), indep.get("sample_log_prob")));
+    CHECK(test::near_python(result.get<"action">(), indep.get("agents", "action")));
+    CHECK(test::near_python(result.get<"sample_log_prob">(), indep.get("sample_log_prob")));
 
-    const auto delta = load_memmap(nn_fixture("delta") + "output_mode");
+    const auto delta = load_memmap(test::nn_fixture("delta") + "output_mode");
     tdn::ProbabilisticTensorDictModule<tdn::Delta, tdn::in_keys<"param">, tdn::out_keys<"action">,
                                        tdn::log_prob_key<"sample_log_prob">>
         delta_head;
@@ -86,7 +78,7 @@ TEST_CASE("ProbabilisticTensorDictModule writes tensordict 0.4's action and samp
     CHECK(delta_out.get<"action">().equal(delta.get("action")));
     CHECK(delta_out.get<"sample_log_prob">().equal(delta.get("sample_log_prob")));
 
-    const auto cat = load_memmap(nn_fixture("categorical_policy_torch_categorical") + "output_mode");
+    const auto cat = load_memmap(test::nn_fixture("categorical_policy_torch_categorical") + "output_mode");
     tdn::ProbabilisticTensorDictModule<tdn::Categorical, tdn::in_keys<"logits">, tdn::out_keys<"action">> cat_head;
     const auto cat_out = cat_head(TensorDict<schema<leaf<"logits">>>({cat.get("logits")}, {5}));
     CHECK(cat_out.get<"action">().equal(cat.get("action")));
@@ -162,7 +154,7 @@ auto python_params(Policy& policy, const std::string& dir) {
 TEST_CASE("TensorDictSequential policies load Python's parameters by name and give its outputs", "[tensordict_nn]") {
   using obs_only = schema<leaf<"observation">>;
   SECTION("categorical policy: MLP -> logits -> OneHotCategorical") {
-    const auto dir = nn_fixture("categorical_policy");
+    const auto dir = test::nn_fixture("categorical_policy");
     using net_t = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"observation">, tdn::out_keys<"logits">>;
     using head_t = tdn::ProbabilisticTensorDictModule<tdn::OneHotCategorical, tdn::in_keys<"logits">, tdn::out_keys<"action">,
                                                       tdn::log_prob_key<"sample_log_prob">>;
@@ -174,12 +166,12 @@ TEST_CASE("TensorDictSequential policies load Python's parameters by name and gi
     const auto expected = load_memmap(dir + "output_mode");
     auto swap = to_module(params, policy);
     const auto out = policy(td);
-    CHECK(near(out.get<"logits">(), expected.get("logits")));
+    CHECK(test::near_python(out.get<"logits">(), expected.get("logits")));
     CHECK(out.get<"action">().equal(expected.get("action")));
-    CHECK(near(out.get<"sample_log_prob">(), expected.get("sample_log_prob")));
+    CHECK(test::near_python(out.get<"sample_log_prob">(), expected.get("sample_log_prob")));
   }
   SECTION("Delta and TruncatedNormal policies, through functional_call") {
-    const auto delta_dir = nn_fixture("delta");
+    const auto delta_dir = test::nn_fixture("delta");
     using delta_net = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"observation">, tdn::out_keys<"param">>;
     using delta_head = tdn::ProbabilisticTensorDictModule<tdn::Delta, tdn::in_keys<"param">, tdn::out_keys<"action">,
                                                           tdn::log_prob_key<"sample_log_prob">>;
@@ -187,10 +179,10 @@ TEST_CASE("TensorDictSequential policies load Python's parameters by name and gi
     const auto delta_out = functional_call(delta, python_params(delta, delta_dir),
                                            TensorDict<obs_only>({load_memmap(delta_dir + "input").get("observation")}, {5}));
     const auto delta_expected = load_memmap(delta_dir + "output_mode");
-    CHECK(near(delta_out.get<"action">(), delta_expected.get("action")));
+    CHECK(test::near_python(delta_out.get<"action">(), delta_expected.get("action")));
     CHECK(delta_out.get<"sample_log_prob">().equal(delta_expected.get("sample_log_prob")));
 
-    const auto dir = nn_fixture("truncated_normal");
+    const auto dir = test::nn_fixture("truncated_normal");
     using net_t = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"observation">, tdn::out_keys<"param">>;
     using extractor_t = tdn::TensorDictModule<tdn::NormalParamExtractor, tdn::in_keys<"param">, tdn::out_keys<"loc", "scale">>;
     using head_t = tdn::ProbabilisticTensorDictModule<tdn::TruncatedNormal, tdn::in_keys<"loc", "scale">, tdn::out_keys<"action">,
@@ -203,7 +195,7 @@ TEST_CASE("TensorDictSequential policies load Python's parameters by name and gi
     const auto expected = load_memmap(dir + "output_mean");
     for (const char* k : {"param", "loc", "scale", "action", "sample_log_prob"}) {
       INFO(k);
-      CHECK(near(AnyTensorDict(out).get(k), expected.get(k)));
+      CHECK(test::near_python(AnyTensorDict(out).get(k), expected.get(k)));
     }
   }
 }
@@ -236,7 +228,7 @@ TEST_CASE("TensorDictSequential: keys computed at compile time, several out keys
   STATIC_REQUIRE(std::is_same_v<seq_t::Impl::in_keys_t, tdn::in_keys<"obs_a", "obs_b">>);
   STATIC_REQUIRE(std::is_same_v<seq_t::Impl::out_keys_t, tdn::out_keys<"hidden_x", "hidden_y", "other_z", "out">>);
 
-  const auto dir = nn_fixture("sequential_keys");
+  const auto dir = test::nn_fixture("sequential_keys");
   const auto params = python_params(seq, dir);
   CHECK(params.get<"module", "0", "module", "l1", "weight">().sizes() == at::IntArrayRef{4, 3});
   auto swap = to_module(params, seq);
@@ -246,23 +238,23 @@ TEST_CASE("TensorDictSequential: keys computed at compile time, several out keys
 
   const auto expected = load_memmap(dir + "output");
   const auto out = seq(td);
-  CHECK(near(out.get<"hidden_x">(), expected.get("hidden", "x")));
-  CHECK(near(out.get<"hidden_y">(), expected.get("hidden", "y")));
-  CHECK(near(out.get<"other_z">(), expected.get("other", "z")));
-  CHECK(near(out.get<"out">(), expected.get("out")));
+  CHECK(test::near_python(out.get<"hidden_x">(), expected.get("hidden", "x")));
+  CHECK(test::near_python(out.get<"hidden_y">(), expected.get("hidden", "y")));
+  CHECK(test::near_python(out.get<"other_z">(), expected.get("other", "z")));
+  CHECK(test::near_python(out.get<"out">(), expected.get("out")));
 
   // (a) out_keys=[hidden.y]: the first module alone, shared with the sequence.
   auto sub_a = seq->select_subsequence<void, tdn::out_keys<"hidden_y">>();
   STATIC_REQUIRE(std::is_same_v<decltype(sub_a), tdn::TensorDictSequential<m0_t>>);
   CHECK(sub_a->child<0>().get() == seq->child<0>().get());
-  CHECK(near(sub_a(td).get<"hidden_y">(), load_memmap(dir + "subseq_a_output").get("hidden", "y")));
+  CHECK(test::near_python(sub_a(td).get<"hidden_y">(), load_memmap(dir + "subseq_a_output").get("hidden", "y")));
   // (b) in_keys=[obs.b, hidden.x], out_keys=[out]: the second and third.
   auto sub_b = seq->select_subsequence<tdn::in_keys<"obs_b", "hidden_x">, tdn::out_keys<"out">>();
   STATIC_REQUIRE(std::is_same_v<decltype(sub_b), tdn::TensorDictSequential<m1_t, m2_t>>);
   STATIC_REQUIRE(std::is_same_v<decltype(sub_b)::Impl::in_keys_t, tdn::in_keys<"obs_b", "hidden_x">>);
   const auto b_input = load_memmap(dir + "subseq_b_input");
   const auto b_out = sub_b(TensorDict<schema<leaf<"obs_b">, leaf<"hidden_x">>>({b_input.get("obs", "b"), b_input.get("hidden", "x")}, {5}));
-  CHECK(near(b_out.get<"out">(), load_memmap(dir + "subseq_b_output").get("out")));
+  CHECK(test::near_python(b_out.get<"out">(), load_memmap(dir + "subseq_b_output").get("out")));
   // (c) in_keys=[obs.b]: the second alone.
   STATIC_REQUIRE(std::is_same_v<decltype(seq->select_subsequence<tdn::in_keys<"obs_b">>()), tdn::TensorDictSequential<m1_t>>);
 
@@ -270,7 +262,7 @@ TEST_CASE("TensorDictSequential: keys computed at compile time, several out keys
   using inner_t = tdn::TensorDictSequential<m0_t, m1_t>;
   tdn::TensorDictSequential<inner_t, m2_t> nested(inner_t(seq->child<0>(), seq->child<1>()), seq->child<2>());
   STATIC_REQUIRE(std::is_same_v<decltype(nested)::Impl::in_keys_t, tdn::in_keys<"obs_a", "obs_b">>);
-  CHECK(near(nested(td).get<"out">(), expected.get("out")));
+  CHECK(test::near_python(nested(td).get<"out">(), expected.get("out")));
   CHECK(from_module(nested).flatten_keys().get<"module.0.module.0.module.l1.weight">().is_same(params.get<"module", "0", "module", "l1", "weight">()));
 
   // Gradients reach the parameters through functional_call.

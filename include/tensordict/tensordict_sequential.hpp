@@ -23,7 +23,6 @@
 #include <cstddef>
 #include <memory>
 #include <span>
-#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -170,30 +169,6 @@ constexpr auto kept_indices(std::index_sequence<I...>) {
   return out;
 }
 
-// Python's nn.ModuleList of a TensorDictSequential: its modules registered as "0", "1", ...
-template <class... Holders>
-class ModuleListImpl : public torch::nn::Module {
- public:
-  explicit ModuleListImpl(Holders... modules) : children_(std::move(modules)...) {
-    register_all(std::index_sequence_for<Holders...>{});
-  }
-  template <std::size_t I>
-  auto& child() {
-    return std::get<I>(children_);
-  }
-  template <std::size_t I>
-  const auto& child() const {
-    return std::get<I>(children_);
-  }
-
- private:
-  template <std::size_t... I>
-  void register_all(std::index_sequence<I...>) {
-    ((std::get<I>(children_) = register_module(std::to_string(I), std::get<I>(children_))), ...);
-  }
-  std::tuple<Holders...> children_;
-};
-
 }  // namespace detail
 
 template <class... Modules>
@@ -210,7 +185,7 @@ class TensorDictSequentialImpl : public torch::nn::Module {
   using output_schema = typename detail::schema_after<S, impl_of_t<Modules>...>::type;
 
   explicit TensorDictSequentialImpl(Modules... modules)
-      : module(register_module("module", std::make_shared<detail::ModuleListImpl<Modules...>>(std::move(modules)...))) {}
+      : module(register_module("module", std::make_shared<SequentialImpl<Modules...>>(std::move(modules)...))) {}
 
   template <std::size_t I>
   auto& child() {
@@ -251,7 +226,9 @@ class TensorDictSequentialImpl : public torch::nn::Module {
     }
   }
 
-  std::shared_ptr<detail::ModuleListImpl<Modules...>> module;
+  // Python's ModuleList: the modules registered as "0", "1", ... (a typed
+  // Sequential, whose own forward is not used).
+  std::shared_ptr<SequentialImpl<Modules...>> module;
 
  private:
   template <class S, key... K>
@@ -335,11 +312,6 @@ auto TensorDictSequentialImpl<Modules...>::subsequence(std::index_sequence<J...>
 }
 
 // ---- adapters: schema and functional forms ------------------------------------
-
-template <class... Holders>
-struct module_traits<detail::ModuleListImpl<Holders...>> {
-  using members = typename detail::sequential_members<std::index_sequence_for<Holders...>, Holders...>::type;
-};
 
 template <class... Modules>
 struct module_traits<TensorDictSequentialImpl<Modules...>> {
