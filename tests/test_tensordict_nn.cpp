@@ -283,3 +283,98 @@ TEST_CASE("TensorDictSequential: two modules may write one key, the later one's 
   STATIC_REQUIRE(std::remove_cvref_t<decltype(out)>::schema_t::leaf_count == 2);
   CHECK(at::allclose(out.get<"y">(), seq->child<1>()->module(seq->child<0>()->module(td.get<"x">()))));
 }
+
+// ---- run-time twins -----------------------------------------------------------
+
+namespace {
+std::vector<std::string> parameter_names(torch::nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& p : m.named_parameters()) out.push_back(p.key());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+std::vector<std::string> state_dict_names(const std::string& dir) {
+  std::vector<std::string> out;
+  load(dir + "state_dict.pt").for_each_leaf([&](const any_key_path& path, const at::Tensor&) { out.push_back(path.front()); });
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("run-time twins with nested keys give tensordict 0.4's Gaussian and Independent(Normal) policies",
+          "[tensordict_nn]") {
+  for (const bool independent : {false, true}) {
+    const auto dir = test::nn_fixture(independent ? "independent_normal_policy" : "gaussian_policy");
+    torch::nn::Sequential mlp(torch::nn::Linear(4, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 8));
+    auto dist = independent ? tdn::distribution_builder::of<tdn::independent<tdn::Normal, 1>>()
+                            : tdn::distribution_builder::of<tdn::Normal>();
+    tdn::AnyTensorDictSequential policy(
+        tdn::AnyTensorDictModule(mlp, {{"agents", "observation"}}, {{"param"}}),
+        tdn::AnyTensorDictModule(tdn::NormalParamExtractor(), {{"param"}}, {{"loc"}, {"scale"}}),
+        tdn::AnyProbabilisticTensorDictModule(dist, {{"loc", {"loc"}}, {"scale", {"scale"}}}, {"agents", "action"},
+                                              {.log_prob_key = any_key_path{"sample_log_prob"}}));
+    CHECK(policy->in_keys() == std::vector<any_key_path>{{"agents", "observation"}});
+    CHECK(policy->out_keys() == std::vector<any_key_path>{{"param"}, {"loc"}, {"scale"}, {"agents", "action"}, {"sample_log_prob"}});
+    CHECK(parameter_names(*policy) == state_dict_names(dir));
+
+    auto swap = to_module(load_memmap(dir + "params"), static_cast<torch::nn::Module&>(*policy));
+    const auto input = load_memmap(dir + "input");
+    for (const auto& [folder, type] : {std::pair{"output_mode", tdn::interaction_type::mode},
+                                       std::pair{"output_mean", tdn::interaction_type::mean}}) {
+      tdn::set_interaction_type guard(type);
+      const auto out = policy(input);
+      const auto expected = load_memmap(dir + folder);
+      INFO(folder);
+      CHECK(out.keys(true, true) == expected.keys(true, true));
+      for (const auto& k : expected.keys(true, true)) {
+        INFO(to_string(k));
+        CHECK(test::near_python(out.get(k), expected.get(k)));
+      }
+    }
+    CHECK_FALSE(input.contains("param"));  // the input is not written
+  }
+}
+
+TEST_CASE("run-time twins: the sequential_keys fixture with its nested keys, select_subsequence, and errors",
+          "[tensordict_nn]") {
+  const auto dir = test::nn_fixture("sequential_keys");
+  tdn::AnyTensorDictModule m0(TwoHeads(), {{"obs", "a"}}, {{"hidden", "x"}, {"hidden", "y"}});
+  tdn::AnyTensorDictModule m1(torch::nn::Linear(2, 3), {{"obs", "b"}}, {{"other", "z"}});
+  tdn::AnyTensorDictModule m2(CatLinear(), {{"hidden", "x"}, {"other", "z"}}, {{"out"}});
+  tdn::AnyTensorDictSequential seq(m0, m1, m2);
+  CHECK(parameter_names(*seq) == state_dict_names(dir));
+  auto swap = to_module(load_memmap(dir + "params"), static_cast<torch::nn::Module&>(*seq));
+  const auto input = load_memmap(dir + "input");
+  auto check_all = [](const AnyTensorDict& out, const AnyTensorDict& expected) {
+    CHECK(out.keys(true, true) == expected.keys(true, true));
+    for (const auto& k : expected.keys(true, true)) {
+      INFO(to_string(k));
+      CHECK(test::near_python(out.get(k), expected.get(k)));
+    }
+  };
+  check_all(seq(input), load_memmap(dir + "output"));
+  const auto sub_a = seq->select_subsequence(std::nullopt, std::vector<any_key_path>{{"hidden", "y"}});
+  CHECK(sub_a->size() == 1);
+  CHECK(sub_a->child(0).get() == m0.get());
+  check_all(sub_a(input), load_memmap(dir + "subseq_a_output"));
+  const auto sub_b = seq->select_subsequence(std::vector<any_key_path>{{"obs", "b"}, {"hidden", "x"}},
+                                             std::vector<any_key_path>{{"out"}});
+  CHECK(sub_b->size() == 2);
+  check_all(sub_b(load_memmap(dir + "subseq_b_input")), load_memmap(dir + "subseq_b_output"));
+  check_all(seq->select_subsequence(std::vector<any_key_path>{{"obs", "b"}})(input), load_memmap(dir + "subseq_c_output"));
+
+  // Errors: before any module runs, naming the module, the key and what could be read.
+  tdn::AnyTensorDictSequential miswired(m0, m2);
+  CHECK_THROWS_AS(miswired(input), key_error);
+  CHECK_THROWS_WITH(miswired(input), Contains("AnyTensorDictSequential: module 1 reads (\"other\", \"z\"), which neither the "
+                                              "input nor an earlier module writes"));
+  CHECK_THROWS_WITH(seq->select_subsequence(std::vector<any_key_path>{{"obs", "c"}}), Contains("no module reads or writes"));
+  CHECK_THROWS_AS(tdn::AnyProbabilisticTensorDictModule(tdn::distribution_builder::of<tdn::Normal>(),
+                                                        {{"loc", {"loc"}}, {"std", {"std"}}}, {"action"}),
+                  value_error);
+  CHECK_THROWS_WITH(tdn::AnyProbabilisticTensorDictModule(tdn::distribution_builder::of<tdn::Normal>(),
+                                                          {{"loc", {"loc"}}, {"std", {"std"}}}, {"action"}),
+                    Contains("tensordict::nn::Normal takes the parameters loc, scale, got loc, std"));
+  CHECK_THROWS_WITH(m1(AnyTensorDict({5})), Contains("has no leaf (\"obs\", \"b\") for the in key"));
+}

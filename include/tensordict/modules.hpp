@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <array>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -143,8 +145,8 @@ class TensorDictModule : public torch::nn::ModuleHolder<TensorDictModuleImpl<Wra
   explicit TensorDictModule(Wrapped wrapped) : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(wrapped))) {}
   // module(td), as in Python (ModuleHolder's operator() cannot see a template forward).
   template <class S>
-  auto operator()(const TensorDict<S>& td) {
-    return this->get()->forward(td);
+  auto operator()(const TensorDict<S>& td) const {
+    return this->ptr()->forward(td);
   }
 };
 
@@ -256,6 +258,122 @@ class EnsembleModule : public torch::nn::ModuleHolder<EnsembleModuleImpl<Member>
   EnsembleModule(Member member, std::int64_t num_copies, ensemble_options options = {})
       : torch::nn::ModuleHolder<EnsembleModuleImpl<Member>>(
             std::make_shared<EnsembleModuleImpl<Member>>(std::move(member), num_copies, options)) {}
+};
+
+// ---- run-time forms -------------------------------------------------------------
+
+namespace detail {
+inline std::string listed_keys(const AnyTensorDict& td) {
+  std::string out;
+  for (const auto& k : td.keys(true, true)) out += (out.empty() ? "" : ", ") + to_string(k);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace detail
+
+// The run-time key-wired modules (AnyTensorDictModule, AnyProbabilisticTensorDictModule,
+// AnyTensorDictSequential): their keys are key paths known at run time (nested
+// ones too), they read and write AnyTensorDicts, and a missing key is a
+// key_error naming it, thrown before anything runs.
+class AnyTensorDictModuleBase : public torch::nn::Module {
+ public:
+  // A new TensorDict of td's tensors and the out keys' (td is not changed).
+  virtual AnyTensorDict forward(const AnyTensorDict& td) = 0;
+  const std::vector<any_key_path>& in_keys() const { return in_keys_; }
+  const std::vector<any_key_path>& out_keys() const { return out_keys_; }
+
+ protected:
+  AnyTensorDictModuleBase(std::vector<any_key_path> in, std::vector<any_key_path> out)
+      : in_keys_(std::move(in)), out_keys_(std::move(out)) {}
+  void check_in_keys(const AnyTensorDict& td, const std::string& who) const {
+    for (const auto& k : in_keys_)
+      if (!td.is_leaf(k))
+        throw key_error(who + ": the TensorDict has no leaf " + to_string(k) + " for the in key (its keys: " +
+                        detail::listed_keys(td) + ")");
+  }
+  std::vector<any_key_path> in_keys_, out_keys_;
+};
+
+// TensorDictModule at run time: a module whose forward takes the in keys'
+// tensors (1 to 4) and returns a tensor or a tuple of them (nested tuples
+// flattened: an LSTM's (output, (h, c)) fills three out keys); keys are key paths.
+//   tdn::AnyTensorDictModule m(torch::nn::Linear(4, 2), {{"agents", "observation"}}, {{"agents", "action"}});
+class AnyTensorDictModuleImpl : public AnyTensorDictModuleBase {
+ public:
+  // The module's forward on the in keys' tensors, its result's tensors in order.
+  using caller = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+  AnyTensorDictModuleImpl(std::shared_ptr<torch::nn::Module> wrapped, caller call, std::vector<any_key_path> in,
+                          std::vector<any_key_path> out)
+      : AnyTensorDictModuleBase(std::move(in), std::move(out)), call_(std::move(call)) {
+    if (!wrapped) throw value_error("tensordict::nn::AnyTensorDictModule: the module is empty");
+    if (in_keys_.empty() || in_keys_.size() > 4)
+      throw value_error("tensordict::nn::AnyTensorDictModule: takes 1 to 4 in keys, got " + std::to_string(in_keys_.size()));
+    if (out_keys_.empty()) throw value_error("tensordict::nn::AnyTensorDictModule: name an out key for each tensor the module returns");
+    module = register_module("module", std::move(wrapped));
+  }
+
+  AnyTensorDict forward(const AnyTensorDict& td) override {
+    const std::string who = "tensordict::nn::AnyTensorDictModule(" + module->name() + ")";
+    check_in_keys(td, who);
+    std::vector<at::Tensor> in;
+    for (const auto& k : in_keys_) in.push_back(td.get(k));
+    const auto parts = call_(in);
+    if (parts.size() != out_keys_.size())
+      throw value_error(who + ": the module returned " + std::to_string(parts.size()) + " tensors for " +
+                        std::to_string(out_keys_.size()) + " out keys");
+    AnyTensorDict result = td.exclude({});
+    for (std::size_t i = 0; i < parts.size(); ++i) result.set(out_keys_[i], parts[i]);
+    return result;
+  }
+
+  std::shared_ptr<torch::nn::Module> module;
+
+ private:
+  caller call_;
+};
+
+namespace detail {
+template <class Holder>
+AnyTensorDictModuleImpl::caller forward_caller(Holder m) {
+  return [m](const std::vector<at::Tensor>& in) mutable -> std::vector<at::Tensor> {
+    auto flat = [](const auto& out) {
+      std::vector<at::Tensor> parts(tensor_count<std::remove_cvref_t<decltype(out)>>);
+      at::Tensor* to = parts.data();
+      flatten_output(out, to);
+      return parts;
+    };
+    switch (in.size()) {
+      case 1:
+        if constexpr (requires { m->forward(in[0]); }) return flat(m->forward(in[0]));
+        break;
+      case 2:
+        if constexpr (requires { m->forward(in[0], in[1]); }) return flat(m->forward(in[0], in[1]));
+        break;
+      case 3:
+        if constexpr (requires { m->forward(in[0], in[1], in[2]); }) return flat(m->forward(in[0], in[1], in[2]));
+        break;
+      default:
+        if constexpr (requires { m->forward(in[0], in[1], in[2], in[3]); })
+          return flat(m->forward(in[0], in[1], in[2], in[3]));
+        break;
+    }
+    throw value_error("tensordict::nn::AnyTensorDictModule(" + m->name() + "): its forward does not take " +
+                      std::to_string(in.size()) + " tensors (one per in key)");
+  };
+}
+}  // namespace detail
+
+class AnyTensorDictModule : public torch::nn::ModuleHolder<AnyTensorDictModuleImpl> {
+ public:
+  using torch::nn::ModuleHolder<AnyTensorDictModuleImpl>::ModuleHolder;
+  // Any module holder (torch::nn::Linear, a torch::nn::Sequential, a user module).
+  template <class Holder>
+    requires requires(Holder h) { h.ptr(); }
+  AnyTensorDictModule(Holder wrapped, std::vector<any_key_path> in, std::vector<any_key_path> out)
+      : torch::nn::ModuleHolder<AnyTensorDictModuleImpl>(std::make_shared<AnyTensorDictModuleImpl>(
+            wrapped.ptr(), detail::forward_caller(wrapped), std::move(in), std::move(out))) {}
+  AnyTensorDict operator()(const AnyTensorDict& td) const { return this->ptr()->forward(td); }
 };
 
 }  // namespace tensordict::nn

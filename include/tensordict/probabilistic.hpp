@@ -18,13 +18,18 @@
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
 #include "modules.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -38,7 +43,7 @@ namespace tensordict::nn {
 // distribution has one, else sample), or deterministic_sample.
 enum class interaction_type { mode, median, mean, random, deterministic };
 
-inline const char* to_string(interaction_type t) {
+inline const char* interaction_type_name(interaction_type t) {
   switch (t) {
     case interaction_type::mode: return "mode";
     case interaction_type::median: return "median";
@@ -91,7 +96,8 @@ struct no_distribution_options {};
 
 // What a probabilistic module needs to build a distribution type from keys:
 // its parameter names (`names`, and where Python takes either, `alternative`),
-// its options (the distribution_kwargs that are not tensors) and `make`,
+// its options (the distribution_kwargs that are not tensors), its name
+// (`distribution`, for messages) and `make`,
 // which takes the tensors in the order of `names` (or of `alternative`).
 // Specialize it for a distribution of your own.
 template <class Dist>
@@ -99,12 +105,14 @@ struct distribution_parameters;
 
 template <>
 struct distribution_parameters<Normal> {
+  static constexpr std::string_view distribution = "Normal";
   static constexpr std::array<std::string_view, 2> names{"loc", "scale"};
   using options = no_distribution_options;
   static Normal make(const std::array<at::Tensor, 2>& p, const options&, bool) { return Normal(p[0], p[1]); }
 };
 template <>
 struct distribution_parameters<TruncatedNormal> {
+  static constexpr std::string_view distribution = "TruncatedNormal";
   static constexpr std::array<std::string_view, 2> names{"loc", "scale"};
   using options = TruncatedNormalOptions;
   static TruncatedNormal make(const std::array<at::Tensor, 2>& p, const options& o, bool) {
@@ -113,12 +121,14 @@ struct distribution_parameters<TruncatedNormal> {
 };
 template <>
 struct distribution_parameters<TanhNormal> {
+  static constexpr std::string_view distribution = "TanhNormal";
   static constexpr std::array<std::string_view, 2> names{"loc", "scale"};
   using options = TanhNormalOptions;
   static TanhNormal make(const std::array<at::Tensor, 2>& p, const options& o, bool) { return TanhNormal(p[0], p[1], o); }
 };
 template <>
 struct distribution_parameters<Delta> {
+  static constexpr std::string_view distribution = "Delta";
   static constexpr std::array<std::string_view, 1> names{"param"};
   using options = DeltaOptions;
   static Delta make(const std::array<at::Tensor, 1>& p, const options& o, bool) { return Delta(p[0], o); }
@@ -126,6 +136,8 @@ struct distribution_parameters<Delta> {
 template <class Dist>
   requires std::is_same_v<Dist, Categorical> || std::is_same_v<Dist, OneHotCategorical>
 struct distribution_parameters<Dist> {
+  static constexpr std::string_view distribution =
+      std::is_same_v<Dist, Categorical> ? std::string_view("Categorical") : std::string_view("OneHotCategorical");
   static constexpr std::array<std::string_view, 1> names{"logits"};
   static constexpr std::array<std::string_view, 1> alternative{"probs"};
   using options = no_distribution_options;
@@ -135,6 +147,7 @@ struct distribution_parameters<Dist> {
 };
 template <>
 struct distribution_parameters<Bernoulli> {
+  static constexpr std::string_view distribution = "Bernoulli";
   static constexpr std::array<std::string_view, 1> names{"probs"};
   static constexpr std::array<std::string_view, 1> alternative{"logits"};
   using options = no_distribution_options;
@@ -150,6 +163,7 @@ struct independent {};
 
 template <class Dist, int64_t N>
 struct distribution_parameters<independent<Dist, N>> : distribution_parameters<Dist> {
+  static constexpr std::string_view distribution = "Independent";
   template <std::size_t K>
   static Independent make(const std::array<at::Tensor, K>& p, const typename distribution_parameters<Dist>::options& o,
                           bool from_alternative) {
@@ -318,8 +332,8 @@ class ProbabilisticTensorDictModule
       : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(options))) {}
   // module(td), as in Python (ModuleHolder's operator() cannot see a template forward).
   template <class S>
-  auto operator()(const TensorDict<S>& td) {
-    return this->get()->forward(td);
+  auto operator()(const TensorDict<S>& td) const {
+    return this->ptr()->forward(td);
   }
 };
 
@@ -327,6 +341,139 @@ class ProbabilisticTensorDictModule
 template <class Dist, class In, class Out, class LogProb>
 struct module_traits<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>> {
   using members = member_list<>;
+};
+
+// ---- run-time form ----------------------------------------------------------------
+
+// A distribution type chosen at run time: builds it from named parameters.
+//   auto normal = tdn::distribution_builder::of<tdn::Normal>();
+//   auto trunc = tdn::distribution_builder::of<tdn::TruncatedNormal>({.a = -1.0, .b = 1.0});
+class distribution_builder {
+ public:
+  template <class Dist>
+  static distribution_builder of(typename distribution_parameters<Dist>::options options = {}) {
+    using traits = distribution_parameters<Dist>;
+    constexpr std::size_t n = traits::names.size();
+    distribution_builder b;
+    b.name_ = std::string(traits::distribution);
+    b.names_.assign(traits::names.begin(), traits::names.end());
+    if constexpr (requires { traits::alternative; }) b.alternative_.assign(traits::alternative.begin(), traits::alternative.end());
+    b.make_ = [options](const std::vector<at::Tensor>& tensors, bool alternative) -> std::shared_ptr<const Distribution> {
+      std::array<at::Tensor, n> by_name;
+      for (std::size_t i = 0; i < n; ++i) by_name[i] = tensors[i];
+      using made = decltype(traits::make(by_name, options, alternative));
+      return std::make_shared<const made>(traits::make(by_name, options, alternative));
+    };
+    return b;
+  }
+
+  const std::string& name() const { return name_; }
+
+  // The order of `names` in the distribution's parameters (and whether they are
+  // its alternative set), or value_error naming what it takes.
+  std::pair<std::vector<std::size_t>, bool> positions(const std::vector<std::string>& names) const {
+    for (const bool alternative : {false, true}) {
+      const auto& expected = alternative ? alternative_ : names_;
+      if (expected.empty() || expected.size() != names.size()) continue;
+      std::vector<std::size_t> order;
+      for (const auto& n : names) {
+        const auto it = std::find(expected.begin(), expected.end(), n);
+        if (it == expected.end() || std::find(order.begin(), order.end(), std::size_t(it - expected.begin())) != order.end()) break;
+        order.push_back(static_cast<std::size_t>(it - expected.begin()));
+      }
+      if (order.size() == names.size()) return {order, alternative};
+    }
+    auto join = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+      return out;
+    };
+    throw value_error("tensordict::nn::" + name_ + " takes the parameters " + join(names_) +
+                      (alternative_.empty() ? "" : " (or " + join(alternative_) + ")") + ", got " + join(names));
+  }
+
+  std::shared_ptr<const Distribution> build(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) const {
+    const auto [order, alternative] = positions(names);
+    std::vector<at::Tensor> by_name(order.size());
+    for (std::size_t i = 0; i < order.size(); ++i) by_name[order[i]] = tensors[i];
+    return make_(by_name, alternative);
+  }
+
+ private:
+  std::string name_;
+  std::vector<std::string> names_, alternative_;
+  std::function<std::shared_ptr<const Distribution>(const std::vector<at::Tensor>&, bool)> make_;
+};
+
+struct any_probabilistic_options {
+  // Where the log-probability goes (Python's return_log_prob and log_prob_key); none when unset.
+  std::optional<any_key_path> log_prob_key;
+  interaction_type default_interaction_type = interaction_type::mode;
+};
+
+// ProbabilisticTensorDictModule at run time: each distribution parameter read
+// from a key path (Python's in_keys dict, {"loc": ("agents", "loc")}), checked
+// against the distribution's parameter names when it is built.
+//   tdn::AnyProbabilisticTensorDictModule head(tdn::distribution_builder::of<tdn::Normal>(),
+//       {{"loc", {"loc"}}, {"scale", {"scale"}}}, {"agents", "action"}, {.log_prob_key = any_key_path{"sample_log_prob"}});
+class AnyProbabilisticTensorDictModuleImpl : public AnyTensorDictModuleBase {
+ public:
+  AnyProbabilisticTensorDictModuleImpl(distribution_builder distribution,
+                                       std::vector<std::pair<std::string, any_key_path>> dist_keys, any_key_path out_key,
+                                       any_probabilistic_options options_ = {})
+      : AnyTensorDictModuleBase(paths(dist_keys), outs(out_key, options_)),
+        options(std::move(options_)),
+        distribution_(std::move(distribution)) {
+    for (const auto& [name, path] : dist_keys) names_.push_back(name);
+    (void)distribution_.positions(names_);  // value_error now, not at the first call
+  }
+
+  interaction_type interaction() const { return current_interaction_type().value_or(options.default_interaction_type); }
+
+  std::shared_ptr<const Distribution> get_dist(const AnyTensorDict& td) const {
+    check_in_keys(td, "tensordict::nn::AnyProbabilisticTensorDictModule(" + distribution_.name() + ")");
+    std::vector<at::Tensor> tensors;
+    for (const auto& k : in_keys_) tensors.push_back(td.get(k));
+    return distribution_.build(names_, tensors);
+  }
+
+  AnyTensorDict forward(const AnyTensorDict& td) override {
+    const auto dist = get_dist(td);
+    const at::Tensor value = draw(*dist, interaction());
+    AnyTensorDict result = td.exclude({});
+    result.set(out_keys_[0], value);
+    if (options.log_prob_key) result.set(*options.log_prob_key, dist->log_prob(value));
+    return result;
+  }
+
+  // The log-probability of the value td holds at the out key.
+  at::Tensor log_prob(const AnyTensorDict& td) const { return get_dist(td)->log_prob(td.get(out_keys_[0])); }
+
+  any_probabilistic_options options;
+
+ private:
+  static std::vector<any_key_path> paths(const std::vector<std::pair<std::string, any_key_path>>& dist_keys) {
+    std::vector<any_key_path> out;
+    for (const auto& [name, path] : dist_keys) out.push_back(path);
+    return out;
+  }
+  static std::vector<any_key_path> outs(const any_key_path& out_key, const any_probabilistic_options& o) {
+    std::vector<any_key_path> out{out_key};
+    if (o.log_prob_key) out.push_back(*o.log_prob_key);
+    return out;
+  }
+  distribution_builder distribution_;
+  std::vector<std::string> names_;
+};
+
+class AnyProbabilisticTensorDictModule : public torch::nn::ModuleHolder<AnyProbabilisticTensorDictModuleImpl> {
+ public:
+  using torch::nn::ModuleHolder<AnyProbabilisticTensorDictModuleImpl>::ModuleHolder;
+  AnyProbabilisticTensorDictModule(distribution_builder distribution, std::vector<std::pair<std::string, any_key_path>> dist_keys,
+                                   any_key_path out_key, any_probabilistic_options options = {})
+      : torch::nn::ModuleHolder<AnyProbabilisticTensorDictModuleImpl>(std::make_shared<AnyProbabilisticTensorDictModuleImpl>(
+            std::move(distribution), std::move(dist_keys), std::move(out_key), std::move(options))) {}
+  AnyTensorDict operator()(const AnyTensorDict& td) const { return this->ptr()->forward(td); }
 };
 
 }  // namespace tensordict::nn

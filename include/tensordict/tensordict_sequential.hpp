@@ -19,9 +19,11 @@
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
 #include "probabilistic.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <tuple>
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
 
 #include "modules/sequential.hpp"
@@ -299,8 +302,8 @@ class TensorDictSequential : public torch::nn::ModuleHolder<TensorDictSequential
       : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(modules)...)) {}
   // module(td), as in Python.
   template <class S>
-  auto operator()(const TensorDict<S>& td) {
-    return this->get()->forward(td);
+  auto operator()(const TensorDict<S>& td) const {
+    return this->ptr()->forward(td);
   }
 };
 
@@ -377,5 +380,126 @@ template <class Wrapped, class In, class Out>
 struct touches_module<TensorDictModuleImpl<Wrapped, In, Out>> : touches_module<impl_of_t<Wrapped>> {};
 template <class... Modules>
 struct touches_module<TensorDictSequentialImpl<Modules...>> : std::disjunction<touches_module<impl_of_t<Modules>>...> {};
+
+// ---- run-time form ----------------------------------------------------------------
+
+// TensorDictSequential at run time: AnyTensorDictModules, probabilistic ones
+// and other sequences, keys as run-time key paths (nested ones too). The
+// wiring is checked against the input before any module runs: a module that
+// reads a key neither the input nor an earlier module writes is a key_error
+// naming the module's index and the key.
+class AnyTensorDictSequential;
+
+class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
+ public:
+  explicit AnyTensorDictSequentialImpl(std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules)
+      : AnyTensorDictSequentialImpl(wired(std::move(modules))) {}
+  template <class... Holders>
+    requires(sizeof...(Holders) > 0 && (std::is_base_of_v<AnyTensorDictModuleBase, typename Holders::ContainedType> && ...))
+  explicit AnyTensorDictSequentialImpl(Holders... modules)
+      : AnyTensorDictSequentialImpl(std::vector<std::shared_ptr<AnyTensorDictModuleBase>>{modules.ptr()...}) {}
+
+  AnyTensorDict forward(const AnyTensorDict& td) override {
+    check_wiring(td);
+    AnyTensorDict out = td;
+    for (const auto& m : modules_) out = m->forward(out);
+    return out;
+  }
+
+  std::size_t size() const { return modules_.size(); }
+  const std::shared_ptr<AnyTensorDictModuleBase>& child(std::size_t i) const { return modules_.at(i); }
+
+  // Python's select_subsequence (the sequence's own keys where not given); the modules are shared.
+  AnyTensorDictSequential select_subsequence(std::optional<std::vector<any_key_path>> in = std::nullopt,
+                                             std::optional<std::vector<any_key_path>> out = std::nullopt) const;
+
+  torch::nn::ModuleList module{nullptr};
+
+ private:
+  static bool has(const std::vector<any_key_path>& set, const any_key_path& k) {
+    return std::find(set.begin(), set.end(), k) != set.end();
+  }
+  // The modules with the sequence's in keys (read before any module writes
+  // them) and out keys (every module's, once).
+  struct wired_modules {
+    std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules;
+    std::vector<any_key_path> needed, written;
+  };
+  static wired_modules wired(std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules) {
+    if (modules.empty()) throw value_error("tensordict::nn::AnyTensorDictSequential needs at least one module");
+    wired_modules w{std::move(modules), {}, {}};
+    for (const auto& m : w.modules) {
+      for (const auto& k : m->in_keys())
+        if (!has(w.written, k) && !has(w.needed, k)) w.needed.push_back(k);
+      for (const auto& k : m->out_keys())
+        if (!has(w.written, k)) w.written.push_back(k);
+    }
+    return w;
+  }
+  explicit AnyTensorDictSequentialImpl(wired_modules w)
+      : AnyTensorDictModuleBase(std::move(w.needed), std::move(w.written)), modules_(std::move(w.modules)) {
+    module = register_module("module", torch::nn::ModuleList());
+    for (const auto& m : modules_) module->push_back(m);
+  }
+  void check_wiring(const AnyTensorDict& td) const {
+    std::vector<any_key_path> readable = td.keys(true, true);
+    for (std::size_t i = 0; i < modules_.size(); ++i) {
+      for (const auto& k : modules_[i]->in_keys())
+        if (!has(readable, k))
+          throw key_error("tensordict::nn::AnyTensorDictSequential: module " + std::to_string(i) + " reads " + to_string(k) +
+                          ", which neither the input nor an earlier module writes (readable there: " +
+                          [&] {
+                            std::string list;
+                            for (const auto& r : readable) list += (list.empty() ? "" : ", ") + to_string(r);
+                            return list.empty() ? std::string("none") : list;
+                          }() + ")");
+      for (const auto& k : modules_[i]->out_keys())
+        if (!has(readable, k)) readable.push_back(k);
+    }
+  }
+
+  std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules_;
+};
+
+class AnyTensorDictSequential : public torch::nn::ModuleHolder<AnyTensorDictSequentialImpl> {
+ public:
+  using torch::nn::ModuleHolder<AnyTensorDictSequentialImpl>::ModuleHolder;
+  template <class... Holders>
+    requires(sizeof...(Holders) > 0 && (std::is_base_of_v<AnyTensorDictModuleBase, typename Holders::ContainedType> && ...))
+  explicit AnyTensorDictSequential(Holders... modules)
+      : torch::nn::ModuleHolder<AnyTensorDictSequentialImpl>(std::make_shared<AnyTensorDictSequentialImpl>(std::move(modules)...)) {}
+  AnyTensorDict operator()(const AnyTensorDict& td) const { return this->ptr()->forward(td); }
+};
+
+inline AnyTensorDictSequential AnyTensorDictSequentialImpl::select_subsequence(std::optional<std::vector<any_key_path>> in,
+                                                                               std::optional<std::vector<any_key_path>> out) const {
+  std::vector<any_key_path> available = in.value_or(in_keys_), wanted = out.value_or(out_keys_);
+  for (const auto* keys : {&available, &wanted})
+    for (const auto& k : *keys) {
+      bool known = has(out_keys_, k);
+      for (const auto& m : modules_) known = known || has(m->in_keys(), k);
+      if (!known)
+        throw key_error("tensordict::nn::AnyTensorDictSequential.select_subsequence: no module reads or writes " + to_string(k));
+    }
+  std::vector<bool> keep(modules_.size());
+  for (std::size_t i = 0; i < modules_.size(); ++i) {
+    keep[i] = std::all_of(modules_[i]->in_keys().begin(), modules_[i]->in_keys().end(),
+                          [&](const any_key_path& k) { return has(available, k); });
+    if (keep[i]) available.insert(available.end(), modules_[i]->out_keys().begin(), modules_[i]->out_keys().end());
+  }
+  for (std::size_t j = modules_.size(); j-- > 0;) {
+    if (!keep[j]) continue;
+    keep[j] = std::any_of(modules_[j]->out_keys().begin(), modules_[j]->out_keys().end(),
+                          [&](const any_key_path& k) { return has(wanted, k); });
+    if (keep[j]) wanted.insert(wanted.end(), modules_[j]->in_keys().begin(), modules_[j]->in_keys().end());
+  }
+  std::vector<std::shared_ptr<AnyTensorDictModuleBase>> kept;
+  for (std::size_t i = 0; i < modules_.size(); ++i)
+    if (keep[i]) kept.push_back(modules_[i]);
+  if (kept.empty())
+    throw value_error("tensordict::nn::AnyTensorDictSequential.select_subsequence: no modules left after selection; make "
+                      "the in keys and out keys coherent");
+  return AnyTensorDictSequential(std::make_shared<AnyTensorDictSequentialImpl>(std::move(kept)));
+}
 
 }  // namespace tensordict::nn
