@@ -261,6 +261,8 @@ TEST_CASE("distribution errors name the distribution, the call and the shapes", 
   const tdn::Normal normal(loc, at::ones({4}));
   CHECK_THAT(thrown<shape_error>([&] { (void)normal.log_prob(at::zeros({3})); }), Contains("tensordict::nn::Normal.log_prob: the value f32[3] does not broadcast with "
                                               "batch_shape + event_shape = [5,4]"));
+  CHECK_THAT(thrown<shape_error>([&] { (void)tdn::TanhNormal(loc, at::ones({4}), {.event_dims = -1}); }),
+             Contains("tensordict::nn::TanhNormal: event_dims=-1 for loc f32[5,4]"));
   CHECK_THAT(thrown<shape_error>([&] { (void)tdn::Independent(normal, 3); }), Contains("reinterpreted_batch_ndims=3 must be between 0 and the base's batch dims "
                                               "(Normal(batch_shape=[5,4], event_shape=[]))"));
   CHECK_THAT(thrown<value_error>([&] { (void)tdn::Bernoulli(at::full({2}, 0.5)).rsample(); }), Contains("tensordict::nn::Bernoulli.rsample: it has no reparameterized sample; "

@@ -269,7 +269,9 @@ class Independent : public Distribution {
     const auto& b = base.batch_shape();
     return {b.begin(), b.end() - n};
   }
+  // (Each part checks n: the order in which the base class's arguments are computed is unspecified.)
   static std::vector<int64_t> event_part(const Distribution& base, int64_t n) {
+    check(base, n);
     const auto& b = base.batch_shape();
     std::vector<int64_t> out(b.end() - n, b.end());
     out.insert(out.end(), base.event_shape().begin(), base.event_shape().end());
@@ -695,6 +697,7 @@ class TanhNormal : public Distribution {
     return {s.begin(), s.end() - std::min<int64_t>(o.event_dims, loc.dim())};
   }
   static std::vector<int64_t> event_part(const at::Tensor& loc, const TanhNormalOptions& o) {
+    check(loc, o);  // (as batch_part: either may be computed first)
     const auto s = loc.sizes();
     return {s.end() - std::min<int64_t>(o.event_dims, loc.dim()), s.end()};
   }
