@@ -296,12 +296,7 @@ class Categorical : public Distribution {
 
   at::Tensor sample(at::IntArrayRef sample_shape = {},
                     std::optional<at::Generator> generator = std::nullopt) const override {
-    c10::NoGradGuard no_grad;
-    int64_t draws = 1;
-    for (auto s : sample_shape) draws *= s;
-    const auto probs_2d = probs_.reshape({-1, num_events()});
-    const auto samples_2d = probs_2d.multinomial(draws, true, detail::generator_arg(generator)).t();
-    return samples_2d.reshape(extended_shape(sample_shape));
+    return draw_indices(sample_shape, std::move(generator));
   }
   at::Tensor log_prob(const at::Tensor& value) const override {
     check_value(value, "log_prob");
@@ -337,6 +332,16 @@ class Categorical : public Distribution {
       : Distribution(batch_of(logits_probs.first), {}),
         logits_(std::move(logits_probs.first)),
         probs_(std::move(logits_probs.second)) {}
+  // Class indices of shape sample_shape + batch_shape, drawn as torch's Categorical.sample draws them.
+  at::Tensor draw_indices(at::IntArrayRef sample_shape, std::optional<at::Generator> generator) const {
+    c10::NoGradGuard no_grad;
+    int64_t draws = 1;
+    for (auto s : sample_shape) draws *= s;
+    const auto samples_2d = probs_.reshape({-1, num_events()}).multinomial(draws, true, detail::generator_arg(generator)).t();
+    std::vector<int64_t> shape(sample_shape.begin(), sample_shape.end());
+    shape.insert(shape.end(), batch_shape().begin(), batch_shape().end());
+    return samples_2d.reshape(shape);
+  }
   at::Tensor index_log_prob(const at::Tensor& index) const {
     auto bv = at::broadcast_tensors({index.to(at::kLong).unsqueeze(-1), logits_});
     return bv[1].gather(-1, bv[0].narrow(-1, 0, 1)).squeeze(-1);
@@ -366,13 +371,7 @@ class OneHotCategorical : public Categorical {
 
   at::Tensor sample(at::IntArrayRef sample_shape = {},
                     std::optional<at::Generator> generator = std::nullopt) const override {
-    c10::NoGradGuard no_grad;
-    int64_t draws = 1;
-    for (auto s : sample_shape) draws *= s;
-    const auto samples_2d = probs_.reshape({-1, num_events()}).multinomial(draws, true, detail::generator_arg(generator)).t();
-    std::vector<int64_t> shape(sample_shape.begin(), sample_shape.end());
-    shape.insert(shape.end(), batch_shape().begin(), batch_shape().end());
-    return at::one_hot(samples_2d.reshape(shape), num_events()).to(at::kLong);
+    return at::one_hot(draw_indices(sample_shape, std::move(generator)), num_events()).to(at::kLong);
   }
   at::Tensor rsample(at::IntArrayRef sample_shape = {},
                      std::optional<at::Generator> generator = std::nullopt) const override {

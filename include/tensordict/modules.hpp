@@ -61,6 +61,24 @@ struct with_out_keys<schema<Fields...>, First, Rest...> {
   using type = typename with_out_keys<grown, Rest...>::type;
 };
 
+// A TensorDict of schema O (S grown by out keys) holding td's leaves, the out keys' not set yet.
+template <class O, class S>
+TensorDict<O> with_leaves_of(const TensorDict<S>& td, c10::IntArrayRef batch) {
+  std::array<at::Tensor, O::leaf_count> leaves;
+  for (std::size_t i = 0; i < S::leaf_count; ++i) leaves[i] = td.leaf(i);
+  return TensorDict<O>(std::move(leaves), batch, td.device());
+}
+
+// Reports (does not compile) the first in key that S lacks.
+template <class S, key... In>
+constexpr void report_missing_in_keys() {
+  auto one = []<key K>() {
+    if constexpr (S::find(K.view()) == npos)
+      ::tensordict::compile_error::report<::tensordict::nn::compile_error::tensordict_lacks_in_key<K, typename S::keys>>();
+  };
+  (one.template operator()<In>(), ...);
+}
+
 }  // namespace detail
 
 // (The wrapped module's type is not called Module: inside a class derived from
@@ -108,10 +126,7 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
     static_assert(count == sizeof...(Out),
                   "tensordict::nn::TensorDictModule: the number of out keys differs from the number of tensors that "
                   "the module returns (nested tuples count each tensor: an LSTM's (output, (h, c)) needs three).");
-    using O = output_schema<S>;
-    std::array<at::Tensor, O::leaf_count> leaves;
-    for (std::size_t i = 0; i < S::leaf_count; ++i) leaves[i] = td.leaf(i);
-    TensorDict<O> result(std::move(leaves), batch.value_or(td.batch_size()), td.device());
+    auto result = detail::with_leaves_of<output_schema<S>>(td, batch.value_or(td.batch_size()));
     if constexpr (count == sizeof...(Out)) {
       std::array<at::Tensor, count> parts;
       at::Tensor* to = parts.data();
@@ -124,17 +139,10 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
 
   template <class S>
   static constexpr void check_in_keys() {
-    (check_in_key<In, S>(), ...);
+    detail::report_missing_in_keys<S, In...>();
   }
 
   Wrapped module;
-
- private:
-  template <key K, class S>
-  static constexpr void check_in_key() {
-    if constexpr (S::find(K.view()) == npos)
-      ::tensordict::compile_error::report<compile_error::tensordict_lacks_in_key<K, typename S::keys>>();
-  }
 };
 
 template <class Wrapped, class In, class Out>
@@ -263,9 +271,10 @@ class EnsembleModule : public torch::nn::ModuleHolder<EnsembleModuleImpl<Member>
 // ---- run-time forms -------------------------------------------------------------
 
 namespace detail {
-inline std::string listed_keys(const AnyTensorDict& td) {
+// Key paths for a message: ("a", "b"), "c"; or "none".
+inline std::string listed_paths(const std::vector<any_key_path>& paths) {
   std::string out;
-  for (const auto& k : td.keys(true, true)) out += (out.empty() ? "" : ", ") + to_string(k);
+  for (const auto& k : paths) out += (out.empty() ? "" : ", ") + to_string(k);
   return out.empty() ? "none" : out;
 }
 
@@ -289,7 +298,7 @@ class AnyTensorDictModuleBase : public torch::nn::Module {
     for (const auto& k : in_keys_)
       if (!td.is_leaf(k))
         throw key_error(who + ": the TensorDict has no leaf " + to_string(k) + " for the in key (its keys: " +
-                        detail::listed_keys(td) + ")");
+                        detail::listed_paths(td.keys(true, true)) + ")");
   }
   std::vector<any_key_path> in_keys_, out_keys_;
 };

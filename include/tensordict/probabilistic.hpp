@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -42,16 +43,6 @@ namespace tensordict::nn {
 // InteractionType): mode, median, mean, a random draw (rsample where the
 // distribution has one, else sample), or deterministic_sample.
 enum class interaction_type { mode, median, mean, random, deterministic };
-
-inline const char* interaction_type_name(interaction_type t) {
-  switch (t) {
-    case interaction_type::mode: return "mode";
-    case interaction_type::median: return "median";
-    case interaction_type::mean: return "mean";
-    case interaction_type::random: return "random";
-    default: return "deterministic";
-  }
-}
 
 namespace detail {
 inline std::optional<interaction_type>& interaction_override() {
@@ -190,22 +181,25 @@ struct in_keys_are_not_the_distribution_parameters {
 }  // namespace compile_error
 
 namespace detail {
-// Where each of the in keys sits among `names`, or nothing if the keys are not
-// a permutation of them.
-template <std::size_t M, key... In>
-constexpr std::optional<std::array<std::size_t, sizeof...(In)>> parameter_positions(const std::array<std::string_view, M>& names) {
-  if (M != sizeof...(In)) return std::nullopt;
-  std::array<std::string_view, sizeof...(In)> keys{In.view()...};
-  std::array<std::size_t, sizeof...(In)> out{};
+// Where each of `keys` sits among `names` (into out[0, keys.size())), or false
+// if the keys are not a permutation of the names. Both forms match a
+// distribution's parameters with it: the typed one at compile time.
+constexpr bool permutation_positions(std::span<const std::string_view> names, std::span<const std::string_view> keys,
+                                     std::size_t* out) {
+  if (names.size() != keys.size()) return false;
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    std::size_t found = M;
-    for (std::size_t j = 0; j < M; ++j)
-      if (names[j] == keys[i]) found = j;
-    if (found == M) return std::nullopt;
-    for (std::size_t k = 0; k < i; ++k)
-      if (out[k] == found) return std::nullopt;
+    const auto found = static_cast<std::size_t>(std::find(names.begin(), names.end(), keys[i]) - names.begin());
+    if (found == names.size() || std::find(out, out + i, found) != out + i) return false;
     out[i] = found;
   }
+  return true;
+}
+
+template <std::size_t M, key... In>
+constexpr std::optional<std::array<std::size_t, sizeof...(In)>> parameter_positions(const std::array<std::string_view, M>& names) {
+  constexpr std::array<std::string_view, sizeof...(In)> keys{In.view()...};
+  std::array<std::size_t, sizeof...(In)> out{};
+  if (!permutation_positions(names, keys, out.data())) return std::nullopt;
   return out;
 }
 
@@ -291,10 +285,7 @@ class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, 
   TensorDict<output_schema<S>> forward(const TensorDict<S>& td) {
     const auto dist = get_dist(td);
     const at::Tensor value = draw(dist, interaction());
-    using O = output_schema<S>;
-    std::array<at::Tensor, O::leaf_count> leaves;
-    for (std::size_t i = 0; i < S::leaf_count; ++i) leaves[i] = td.leaf(i);
-    TensorDict<O> result(std::move(leaves), td.batch_size(), td.device());
+    auto result = detail::with_leaves_of<output_schema<S>>(td, td.batch_size());
     (result.template set<Out>(value), ...);
     if constexpr (sizeof...(LogProb) == 1) (result.template set<LogProb>(dist.log_prob(value)), ...);
     return result;
@@ -308,17 +299,10 @@ class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, 
 
   template <class S>
   static constexpr void check_in_keys() {
-    (check_in_key<In, S>(), ...);
+    detail::report_missing_in_keys<S, In...>();
   }
 
   options_t options;
-
- private:
-  template <key K, class S>
-  static constexpr void check_in_key() {
-    if constexpr (S::find(K.view()) == npos)
-      ::tensordict::compile_error::report<compile_error::tensordict_lacks_in_key<K, typename S::keys>>();
-  }
 };
 
 template <class Dist, class In, class Out, class LogProb = no_log_prob>
@@ -372,20 +356,15 @@ class distribution_builder {
   // The order of `names` in the distribution's parameters (and whether they are
   // its alternative set), or value_error naming what it takes.
   std::pair<std::vector<std::size_t>, bool> positions(const std::vector<std::string>& names) const {
+    const std::vector<std::string_view> keys(names.begin(), names.end());
     for (const bool alternative : {false, true}) {
       const auto& expected = alternative ? alternative_ : names_;
-      if (expected.empty() || expected.size() != names.size()) continue;
-      std::vector<std::size_t> order;
-      for (const auto& n : names) {
-        const auto it = std::find(expected.begin(), expected.end(), n);
-        if (it == expected.end() || std::find(order.begin(), order.end(), std::size_t(it - expected.begin())) != order.end()) break;
-        order.push_back(static_cast<std::size_t>(it - expected.begin()));
-      }
-      if (order.size() == names.size()) return {order, alternative};
+      std::vector<std::size_t> order(keys.size());
+      if (!expected.empty() && detail::permutation_positions(expected, keys, order.data())) return {order, alternative};
     }
-    auto join = [](const std::vector<std::string>& v) {
+    auto join = [](const auto& v) {
       std::string out;
-      for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+      for (const auto& x : v) out += (out.empty() ? "" : ", ") + std::string(x);
       return out;
     };
     throw value_error("tensordict::nn::" + name_ + " takes the parameters " + join(names_) +
@@ -401,7 +380,8 @@ class distribution_builder {
 
  private:
   std::string name_;
-  std::vector<std::string> names_, alternative_;
+  // (Views of distribution_parameters' static names.)
+  std::vector<std::string_view> names_, alternative_;
   std::function<std::shared_ptr<const Distribution>(const std::vector<at::Tensor>&, bool)> make_;
 };
 

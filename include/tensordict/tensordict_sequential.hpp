@@ -130,36 +130,38 @@ struct key_views<L<Ks...>> {
 };
 
 // Python's select_subsequence: which modules stay (a forward pass keeps those
-// whose in keys are all available, a backward pass those that write a wanted key).
+// whose in keys are all available, a backward pass those that write a wanted
+// key). ins[i] and outs[i] are module i's keys; the typed form runs it at
+// compile time on key names, the run-time form on key paths.
+template <class Key, class KeyLists>
+constexpr std::vector<bool> kept_modules(std::vector<Key> available, std::vector<Key> wanted, const KeyLists& ins,
+                                         const KeyLists& outs) {
+  auto contains = [](const std::vector<Key>& set, const Key& k) { return std::find(set.begin(), set.end(), k) != set.end(); };
+  std::vector<bool> keep(ins.size());
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    keep[i] = std::all_of(ins[i].begin(), ins[i].end(), [&](const Key& k) { return contains(available, k); });
+    if (keep[i]) available.insert(available.end(), outs[i].begin(), outs[i].end());
+  }
+  for (std::size_t j = keep.size(); j-- > 0;) {
+    if (!keep[j]) continue;
+    keep[j] = std::any_of(outs[j].begin(), outs[j].end(), [&](const Key& k) { return contains(wanted, k); });
+    if (keep[j]) wanted.insert(wanted.end(), ins[j].begin(), ins[j].end());
+  }
+  return keep;
+}
+
 template <class InKeys, class OutKeys, class... Impls>
 constexpr std::array<bool, sizeof...(Impls)> subsequence_kept() {
-  std::array<bool, sizeof...(Impls)> keep{};
-  std::vector<std::string_view> available(key_views<InKeys>::value.begin(), key_views<InKeys>::value.end());
-  std::vector<std::string_view> wanted(key_views<OutKeys>::value.begin(), key_views<OutKeys>::value.end());
+  constexpr auto& in = key_views<InKeys>::value;
+  constexpr auto& out = key_views<OutKeys>::value;
   constexpr std::array<std::span<const std::string_view>, sizeof...(Impls)> ins{
       std::span<const std::string_view>(key_views<typename Impls::in_keys_t>::value)...};
   constexpr std::array<std::span<const std::string_view>, sizeof...(Impls)> outs{
       std::span<const std::string_view>(key_views<typename Impls::out_keys_t>::value)...};
-  auto contains = [](const std::vector<std::string_view>& set, std::string_view k) {
-    for (auto s : set)
-      if (s == k) return true;
-    return false;
-  };
-  for (std::size_t i = 0; i < keep.size(); ++i) {
-    bool all = true;
-    for (auto k : ins[i]) all = all && contains(available, k);
-    keep[i] = all;
-    if (all)
-      for (auto k : outs[i]) available.push_back(k);
-  }
-  for (std::size_t j = keep.size(); j-- > 0;) {
-    if (!keep[j]) continue;
-    bool writes_wanted = false;
-    for (auto k : outs[j]) writes_wanted = writes_wanted || contains(wanted, k);
-    keep[j] = writes_wanted;
-    if (writes_wanted)
-      for (auto k : ins[j]) wanted.push_back(k);
-  }
+  const auto kept = kept_modules(std::vector<std::string_view>(in.begin(), in.end()),
+                                 std::vector<std::string_view>(out.begin(), out.end()), ins, outs);
+  std::array<bool, sizeof...(Impls)> keep{};
+  for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = kept[i];
   return keep;
 }
 
@@ -448,11 +450,7 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
         if (!has(readable, k))
           throw key_error("tensordict::nn::AnyTensorDictSequential: module " + std::to_string(i) + " reads " + to_string(k) +
                           ", which neither the input nor an earlier module writes (readable there: " +
-                          [&] {
-                            std::string list;
-                            for (const auto& r : readable) list += (list.empty() ? "" : ", ") + to_string(r);
-                            return list.empty() ? std::string("none") : list;
-                          }() + ")");
+                          detail::listed_paths(readable) + ")");
       for (const auto& k : modules_[i]->out_keys())
         if (!has(readable, k)) readable.push_back(k);
     }
@@ -481,18 +479,12 @@ inline AnyTensorDictSequential AnyTensorDictSequentialImpl::select_subsequence(s
       if (!known)
         throw key_error("tensordict::nn::AnyTensorDictSequential.select_subsequence: no module reads or writes " + to_string(k));
     }
-  std::vector<bool> keep(modules_.size());
-  for (std::size_t i = 0; i < modules_.size(); ++i) {
-    keep[i] = std::all_of(modules_[i]->in_keys().begin(), modules_[i]->in_keys().end(),
-                          [&](const any_key_path& k) { return has(available, k); });
-    if (keep[i]) available.insert(available.end(), modules_[i]->out_keys().begin(), modules_[i]->out_keys().end());
+  std::vector<std::span<const any_key_path>> ins, outs;
+  for (const auto& m : modules_) {
+    ins.emplace_back(m->in_keys());
+    outs.emplace_back(m->out_keys());
   }
-  for (std::size_t j = modules_.size(); j-- > 0;) {
-    if (!keep[j]) continue;
-    keep[j] = std::any_of(modules_[j]->out_keys().begin(), modules_[j]->out_keys().end(),
-                          [&](const any_key_path& k) { return has(wanted, k); });
-    if (keep[j]) wanted.insert(wanted.end(), modules_[j]->in_keys().begin(), modules_[j]->in_keys().end());
-  }
+  const auto keep = detail::kept_modules(std::move(available), std::move(wanted), ins, outs);
   std::vector<std::shared_ptr<AnyTensorDictModuleBase>> kept;
   for (std::size_t i = 0; i < modules_.size(); ++i)
     if (keep[i]) kept.push_back(modules_[i]);
