@@ -32,7 +32,7 @@ int main() {
   tdn::EnsembleModule<member_t> ensemble(member, 8);
   torch::optim::Adam adam(ensemble->parameters(), torch::optim::AdamOptions(1e-2));
   std::printf("ensemble of %lld MLPs, parameters: %s\n", static_cast<long long>(ensemble->num_copies()),
-              ensemble->params->tensordict().repr().c_str());
+              ensemble->params_td->tensordict().repr().c_str());
 
   const int steps = 300;
   // A live progress line on a terminal; in a log, one line per report.

@@ -42,7 +42,7 @@ int main() {
   tdn::EnsembleModule<member_t> ensemble(member, 8);
   torch::optim::Adam adam(ensemble->parameters(), torch::optim::AdamOptions(2e-2));
   std::printf("ensemble of %lld LSTMs, parameters: %s\n", static_cast<long long>(ensemble->num_copies()),
-              ensemble->params->tensordict().repr().c_str());
+              ensemble->params_td->tensordict().repr().c_str());
 
   const int steps = 150;
   for (int step = 1; step <= steps; ++step) {

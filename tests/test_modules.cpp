@@ -51,12 +51,14 @@ TEST_CASE("EnsembleModule: the reference's example", "[modules]") {
   auto out = ensemble->forward(td);
   CHECK(out.batch_size() == c10::IntArrayRef({4, 5}));
   CHECK(out.get<"y">().sizes() == c10::IntArrayRef({4, 5, 1}));
-  auto w = ensemble->params->tensordict().get<"weight">();
+  auto w = ensemble->params_td->tensordict().get<"module", "weight">();
   CHECK(!w[0].equal(w[1]));  // fresh copies
-  CHECK(out.get<"y">()[2].allclose(at::linear(td.get<"x">(), w[2], ensemble->params->tensordict().get<"bias">()[2]),
+  CHECK(out.get<"y">()[2].allclose(at::linear(td.get<"x">(), w[2], ensemble->params_td->tensordict().get<"module", "bias">()[2]),
                                   1e-5, 1e-6));
-  CHECK(ensemble->parameters().size() == 2);
-  CHECK(ensemble->named_parameters().contains("params.weight"));
+  // Python's names: the member's own (unused) tensors, and the copies' stacked ones.
+  CHECK(ensemble->parameters().size() == 4);
+  CHECK(ensemble->named_parameters().contains("module.module.weight"));
+  CHECK(ensemble->named_parameters().contains("params_td.module.weight"));
 }
 
 TEST_CASE("each copy is initialized once, and the member keeps its values", "[modules]") {
@@ -79,7 +81,7 @@ TEST_CASE("expand_input false maps the input's first batch dim; ensembles chain"
   auto out = heads->forward(mid);
   CHECK(out.batch_size() == c10::IntArrayRef({4, 5}));
   CHECK(out.get<"z">().sizes() == c10::IntArrayRef({4, 5, 2}));
-  const auto& hp = heads->params->tensordict();
+  const auto hp = heads->params_td->tensordict().get<"module">();
   CHECK(out.get<"z">()[1].allclose(at::linear(mid.get<"y">()[1], hp.get<"weight">()[1], hp.get<"bias">()[1]), 1e-5, 1e-6));
   TensorDict<schema<leaf<"y">>> unmapped({at::randn({5, 3})}, {5});
   CHECK_THROWS_WITH(heads->forward(unmapped), Contains("num_copies=4") && Contains("batch_size=[5]"));
@@ -114,13 +116,13 @@ TEST_CASE("an ensemble of LSTMs: three out keys, run-time params, training decre
   CHECK(one.get<"c">().sizes() == c10::IntArrayRef{2, 3, 4});
 
   tdn::EnsembleModule<lstm_member> ensemble(member, 3);
-  STATIC_REQUIRE(std::is_same_v<decltype(ensemble->params), tdn::AnyTensorDictParams>);
-  CHECK(ensemble->parameters().size() == 8);  // the 2 layers' 8 tensors, each stacked over the copies
-  CHECK(ensemble->named_parameters().contains("params.weight_hh_l1"));
-  const auto& p = ensemble->params->tensordict();
+  STATIC_REQUIRE(std::is_same_v<decltype(ensemble->params_td), tdn::AnyTensorDictParams>);
+  CHECK(ensemble->params_td->parameters().size() == 8);  // the 2 layers' 8 tensors, each stacked over the copies
+  CHECK(ensemble->named_parameters().contains("params_td.module.weight_hh_l1"));
+  const auto p = ensemble->params_td->tensordict().get_tensordict({"module"});
   CHECK(p.batch_size() == c10::IntArrayRef{3});
   CHECK_FALSE(p.get("weight_ih_l0")[0].equal(p.get("weight_ih_l0")[1]));  // fresh copies
-  CHECK(impl(p.get("bias_hh_l1")) == impl(ensemble->named_parameters()["params.bias_hh_l1"]));
+  CHECK(impl(p.get("bias_hh_l1")) == impl(ensemble->named_parameters()["params_td.module.bias_hh_l1"]));
 
   auto x = at::randn({8, 5, 2});
   TensorDict<x_only> td({x});
@@ -150,11 +152,11 @@ TEST_CASE("an ensemble of a run-time torch::nn::Sequential", "[modules]") {
   using seq_member = tdn::TensorDictModule<torch::nn::Sequential, tdn::in_keys<"x">, tdn::out_keys<"y">>;
   seq_member member(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(), torch::nn::Linear(8, 1)));
   tdn::EnsembleModule<seq_member> ensemble(member, 4);
-  CHECK(ensemble->named_parameters().contains("params.2.bias"));
+  CHECK(ensemble->named_parameters().contains("params_td.module.2.bias"));
   TensorDict<x_only> td({at::randn({5, 3})}, {5});
   auto out = ensemble->forward(td);
   CHECK(out.batch_size() == c10::IntArrayRef{4, 5});
-  const auto& p = ensemble->params->tensordict();
+  const auto p = ensemble->params_td->tensordict().get_tensordict({"module"});
   CHECK(out.get<"y">()[3].allclose(functional_call(member->module, p[3], td.get<"x">()), 1e-5, 1e-6));
 }
 
@@ -169,8 +171,9 @@ TEST_CASE("dropout in an ensemble follows the randomness setting", "[modules]") 
   CHECK(different->forward(td).get<"y">().sizes() == c10::IntArrayRef({2, 5, 20}));
   // With equal copies, "same" drops the same units in every copy and "different" does not.
   tdn::EnsembleModule<member_t> same(member, 2, {.randomness = randomness::same});
-  same->params->tensordict().get<"0", "weight">()[1].detach().copy_(same->params->tensordict().get<"0", "weight">()[0]);
-  same->params->tensordict().get<"0", "bias">()[1].detach().copy_(same->params->tensordict().get<"0", "bias">()[0]);
+  const auto sp = same->params_td->tensordict().get<"module", "0">();
+  sp.get<"weight">()[1].detach().copy_(sp.get<"weight">()[0]);
+  sp.get<"bias">()[1].detach().copy_(sp.get<"bias">()[0]);
   auto y = same->forward(td).get<"y">();
   CHECK((y[0] == 0).equal(y[1] == 0));
 }

@@ -295,7 +295,7 @@ std::vector<std::string> parameter_names(torch::nn::Module& m) {
 }
 std::vector<std::string> state_dict_names(const std::string& dir) {
   std::vector<std::string> out;
-  load(dir + "state_dict.pt").for_each_leaf([&](const any_key_path& path, const at::Tensor&) { out.push_back(path.front()); });
+  load(dir + "state_dict.pt", {.skip_non_tensors = true}).for_each_leaf([&](const any_key_path& path, const at::Tensor&) { out.push_back(path.front()); });
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -377,4 +377,38 @@ TEST_CASE("run-time twins: the sequential_keys fixture with its nested keys, sel
                                                           {{"loc", {"loc"}}, {"std", {"std"}}}, {"action"}),
                     Contains("tensordict::nn::Normal takes the parameters loc, scale, got loc, std"));
   CHECK_THROWS_WITH(m1(AnyTensorDict({5})), Contains("has no leaf (\"obs\", \"b\") for the in key"));
+}
+
+TEST_CASE("EnsembleModule: tensordict 0.4's ensemble_value, by Python's names, with its TensorDictParams",
+          "[tensordict_nn]") {
+  const auto dir = test::nn_fixture("ensemble_value");
+  using value_t = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"obs">, tdn::out_keys<"value">>;
+  tdn::EnsembleModule<value_t> ensemble(value_t(mlp(6, 16, 1)), 3);
+  // Python's state_dict holds two values that are not tensors (params_td.__batch_size, __device).
+  CHECK_THROWS_WITH(load(dir + "state_dict.pt"), Contains("params_td.__batch_size"));
+  CHECK(parameter_names(*ensemble) == state_dict_names(dir));
+
+  // params/ tags params_td "TensorDictParams"; it loads as the TensorDict it wraps.
+  const auto python = load_memmap(dir + "params");
+  CHECK(python.get_tensordict({"params_td"}).batch_size() == c10::IntArrayRef{3});
+  CHECK_THROWS_WITH(to_module(python, static_cast<torch::nn::Module&>(*ensemble)),
+                    Contains("(\"params_td\", \"module\", \"0\", \"weight\") is a leaf of a TensorDictParams"));
+  to_module_(python, static_cast<torch::nn::Module&>(*ensemble));  // copies, by name
+  const auto& stacked = ensemble->params_td->tensordict();
+  const auto expected_stack = load_memmap(dir + "stacked_params");
+  CHECK(stacked.batch_size() == c10::IntArrayRef{3});
+  CHECK(stacked.get<"module", "0", "weight">().equal(expected_stack.get({"module", "0", "weight"})));
+  CHECK(stacked.get<"module", "2", "bias">().equal(expected_stack.get({"module", "2", "bias"})));
+
+  TensorDict<schema<leaf<"obs">>> input({load_memmap(dir + "input").get("obs")}, {5});
+  const auto out = ensemble(input);
+  CHECK(out.batch_size() == c10::IntArrayRef{3, 5});
+  for (const auto* folder : {"output", "output_loop"}) {
+    INFO(folder);
+    const auto expected = load_memmap(dir + folder);
+    CHECK(out.get<"obs">().equal(expected.get("obs")));
+    CHECK(test::near_python(out.get<"value">(), expected.get("value")));
+  }
+  // The member's own tensors (module.module.*) are Python's too, and forward does not use them.
+  CHECK(ensemble->module->module->named_parameters()["0.weight"].equal(python.get({"module", "module", "0", "weight"})));
 }

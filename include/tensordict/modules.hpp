@@ -158,6 +158,31 @@ class TensorDictModule : public torch::nn::ModuleHolder<TensorDictModuleImpl<Wra
   }
 };
 
+// ---- adapter: schema and functional form ------------------------------------------
+
+template <class Wrapped, class In, class Out>
+struct module_traits<TensorDictModuleImpl<Wrapped, In, Out>> {
+  using members = member_list<member<"module", member_pointer<&TensorDictModuleImpl<Wrapped, In, Out>::module>>>;
+};
+
+// A TensorDictModule's forward with its wrapped module's functional form (or
+// its tensors swapped in, for a module type without one).
+template <class Wrapped, key... In, class Out>
+struct functional<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
+  static constexpr bool is_functional = true;
+  using Impl = TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>;
+  template <class S>
+  static auto forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const TensorDict<S>& td) {
+    if constexpr (schema_of<Impl>::leaf_count == 0)
+      return m.forward(td);
+    else
+      return Impl::with_output(td, ::tensordict::functional_call(m.module, p.template get<"module">(), td.template get<In>()...));
+  }
+};
+
+template <class Wrapped, class In, class Out>
+struct touches_module<TensorDictModuleImpl<Wrapped, In, Out>> : touches_module<impl_of_t<Wrapped>> {};
+
 // ---- EnsembleModule ----------------------------------------------------------------
 
 struct ensemble_options {
@@ -166,48 +191,57 @@ struct ensemble_options {
 };
 
 namespace detail {
-// The ensemble's stacked parameters: typed, or run-time for a member whose
+// The ensemble's stacked parameters, keyed as from_module(member) (Python's
+// "module.0.weight"): typed, or run-time for a member whose wrapped module's
 // tensors are named at run time (an LSTM, a torch::nn::Sequential).
-template <class Inner, bool RunTime = dynamic_module<Inner> || runtime_layout_module<Inner>>
+template <class MemberImpl, class Inner = typename MemberImpl::inner_impl,
+          bool RunTime = dynamic_module<Inner> || runtime_layout_module<Inner>>
 struct ensemble_params {
-  using type = TensorDictParams<schema_of<Inner>>;
-  static type make(Inner& shape, std::int64_t n) {
-    auto stacked = stack(std::vector<TensorDict<schema_of<Inner>>>(static_cast<std::size_t>(n), from_module(shape).detach()));
-    reset_parameters(shape, stacked);  // one draw per copy; the member keeps its values
-    auto kinds = kinds_of(shape);
+  using type = TensorDictParams<schema_of<MemberImpl>>;
+  static type make(MemberImpl& member, std::int64_t n) {
+    auto stacked = stack(std::vector<TensorDict<schema_of<MemberImpl>>>(static_cast<std::size_t>(n), from_module(member).detach()));
+    reset_parameters(member, stacked);  // one draw per copy; the member keeps its values
+    auto kinds = kinds_of(member);
     for (std::size_t i = 0; i < kinds.size(); ++i)
       if (kinds[i] == leaf_kind::parameter && stacked.leaf(i).defined()) stacked.leaf(i).requires_grad_(true);
     return type(std::make_shared<typename type::Impl>(stacked, params_options{}, kinds));
   }
+  static auto wrapped_params(const TensorDict<schema_of<MemberImpl>>& p) { return p.template get<"module">(); }
 };
-template <class Inner>
-struct ensemble_params<Inner, true> {
+template <class MemberImpl, class Inner>
+struct ensemble_params<MemberImpl, Inner, true> {
   using type = AnyTensorDictParams;
-  static type make(Inner& shape, std::int64_t n) {
-    const AnyTensorDict one = from_module(shape).apply([](const at::Tensor& t) { return t.detach(); });
+  static type make(MemberImpl& member, std::int64_t n) {
+    torch::nn::Module& m = member;
+    const AnyTensorDict one = from_module(m).apply([](const at::Tensor& t) { return t.detach(); });
     AnyTensorDict stacked = stack(std::vector<AnyTensorDict>(static_cast<std::size_t>(n), one));
-    reset_parameters(shape, stacked);
-    return type(std::make_shared<AnyTensorDictParamsImpl>(stacked, parameters_of(shape)));
+    reset_parameters(m, stacked);
+    return type(std::make_shared<AnyTensorDictParamsImpl>(stacked, parameters_of(m)));
   }
+  static AnyTensorDict wrapped_params(const AnyTensorDict& p) { return p.get_tensordict({"module"}); }
 };
 }  // namespace detail
 
+// Python's EnsembleModule: `module` is the member (its own tensors are not
+// used by forward), `params_td` the copies' stacked tensors, so the names
+// from_module and state_dict give are Python's ("params_td.module.0.weight").
 template <class Member>
 class EnsembleModuleImpl : public torch::nn::Module {
  public:
   using member_impl = typename Member::Impl;
   using inner = typename member_impl::inner_impl;
-  using params_t = typename detail::ensemble_params<inner>::type;
+  using stacked = detail::ensemble_params<member_impl>;
+  using params_t = typename stacked::type;
 
   // num_copies copies with their own initialization (nn::reset_parameters:
   // one draw per copy); the member keeps its own values.
-  EnsembleModuleImpl(Member member, std::int64_t num_copies, ensemble_options options = {})
-      : member_(std::move(member)), options_(options) {
+  EnsembleModuleImpl(Member member, std::int64_t num_copies, ensemble_options options = {}) : options_(options) {
     if (num_copies <= 0) throw value_error("EnsembleModule: num_copies must be positive, got " + std::to_string(num_copies));
-    params = register_module("params", detail::ensemble_params<inner>::make(*member_->module, num_copies));
+    module = register_module("module", std::move(member));
+    params_td = register_module("params_td", stacked::make(*module, num_copies));
   }
 
-  std::int64_t num_copies() const { return params->tensordict().batch_size()[0]; }
+  std::int64_t num_copies() const { return params_td->tensordict().batch_size()[0]; }
 
   // Output batch size [num_copies, *input batch] (expand_input) or the input's.
   template <class S>
@@ -220,14 +254,15 @@ class EnsembleModuleImpl : public torch::nn::Module {
     }
   }
 
-  params_t params{nullptr};
+  Member module{nullptr};
+  params_t params_td{nullptr};
 
  private:
   template <class S>
   auto forward_checked(const TensorDict<S>& td) {
-    inner& shape = *member_->module;
+    inner& shape = *module->module;
     const std::int64_t n = num_copies();
-    const auto& p = params->tensordict();
+    const auto p = stacked::wrapped_params(params_td->tensordict());
     functional_vmap_options o{.randomness = options_.randomness};
     if (options_.expand_input) {
       const auto out = call(shape, p, o, td, std::false_type{});
@@ -255,7 +290,6 @@ class EnsembleModuleImpl : public torch::nn::Module {
       return functional_vmap(shape, p, args(td.template get<In>()...), {}, {}, o);
   }
 
-  Member member_;
   ensemble_options options_;
 };
 
@@ -266,6 +300,11 @@ class EnsembleModule : public torch::nn::ModuleHolder<EnsembleModuleImpl<Member>
   EnsembleModule(Member member, std::int64_t num_copies, ensemble_options options = {})
       : torch::nn::ModuleHolder<EnsembleModuleImpl<Member>>(
             std::make_shared<EnsembleModuleImpl<Member>>(std::move(member), num_copies, options)) {}
+  // ensemble(td), as in Python.
+  template <class S>
+  auto operator()(const TensorDict<S>& td) const {
+    return this->ptr()->forward(td);
+  }
 };
 
 // ---- run-time forms -------------------------------------------------------------

@@ -323,11 +323,6 @@ struct module_traits<TensorDictSequentialImpl<Modules...>> {
   using members = member_list<member<"module", member_pointer<&TensorDictSequentialImpl<Modules...>::module>>>;
 };
 
-template <class Wrapped, class In, class Out>
-struct module_traits<TensorDictModuleImpl<Wrapped, In, Out>> {
-  using members = member_list<member<"module", member_pointer<&TensorDictModuleImpl<Wrapped, In, Out>::module>>>;
-};
-
 namespace detail {
 // The sub-tree of params at `name`, or an empty TensorDict where the schema left it out (no tensors).
 template <key Name, class S>
@@ -338,21 +333,6 @@ auto sub_params(const TensorDict<S>& p) {
     return p.template get<Name>();
 }
 }  // namespace detail
-
-// A TensorDictModule's forward with its wrapped module's functional form (or
-// its tensors swapped in, for a module type without one).
-template <class Wrapped, key... In, class Out>
-struct functional<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
-  static constexpr bool is_functional = true;
-  using Impl = TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>;
-  template <class S>
-  static auto forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const TensorDict<S>& td) {
-    if constexpr (schema_of<Impl>::leaf_count == 0)
-      return m.forward(td);
-    else
-      return Impl::with_output(td, ::tensordict::functional_call(m.module, p.template get<"module">(), td.template get<In>()...));
-  }
-};
 
 // A TensorDictSequential's forward with each module's functional form and its sub-tree of params.
 template <class... Modules>
@@ -378,8 +358,6 @@ struct functional<TensorDictSequentialImpl<Modules...>> {
 
 template <class Dist, class In, class Out, class LogProb>
 struct touches_module<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>> : std::false_type {};
-template <class Wrapped, class In, class Out>
-struct touches_module<TensorDictModuleImpl<Wrapped, In, Out>> : touches_module<impl_of_t<Wrapped>> {};
 template <class... Modules>
 struct touches_module<TensorDictSequentialImpl<Modules...>> : std::disjunction<touches_module<impl_of_t<Modules>>...> {};
 

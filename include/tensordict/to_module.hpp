@@ -182,11 +182,24 @@ struct dynamic_target {
   at::Tensor* registry = nullptr;  // named_parameters() / named_buffers()
 };
 
+// Whether a module on the way from root to `owner` is a TensorDictParams
+// (by type name: this header does not know params.hpp).
+inline bool held_by_tensordict_params(torch::nn::Module& root, const any_key_path& owner) {
+  torch::nn::Module* m = &root;
+  for (std::size_t k = 0;; ++k) {
+    if (m->name().find("TensorDictParamsImpl") != std::string::npos) return true;
+    if (k == owner.size() || !(m = find_child(*m, owner[k]))) return false;
+  }
+}
+
 // Every leaf of params matched with a module's registered tensor of the same
 // shape and dtype (after `batch_dims` leading dims), in a module type whose
-// members are known. Throws before anything changes.
+// members are known (unless members_needed is false: a copy into the
+// registered tensor, which is the one the forward reads, needs no member; so
+// the tensors of a TensorDictParams' children, plain modules, can take one).
+// Throws before anything changes.
 inline std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, const AnyTensorDict& params,
-                                                   std::size_t batch_dims, const char* op) {
+                                                   std::size_t batch_dims, const char* op, bool members_needed = true) {
   std::vector<dynamic_target> out;
   // The last leaf's module and kind: a module's leaves come one after another.
   torch::nn::Module* last_module = nullptr;
@@ -225,11 +238,18 @@ inline std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, cons
       throw shape_error(std::string(op) + ": " + to_string(path) + " is " + describe(value) + ", but the module's tensor is " +
                         expected);
     }
+    if (!members_needed) {
+      out.push_back({path, value, registry, registry});
+      return;
+    }
     if (m != last_module) {
       last_kind = nn::detail::module_registry::instance().find(*m);
       last_module = m;
     }
     const auto& kind = last_kind;
+    if (!kind && held_by_tensordict_params(root, owner))
+      throw module_error(std::string(op) + ": " + to_string(path) + " is a leaf of a TensorDictParams, whose tensors are its TensorDict's: swap them with to_module on what its tensordict() "
+                         "holds, or copy values in with to_module_");
     if (!kind)
       throw module_error(std::string(op) + ": " + to_string(path) + " belongs to " + where(owner) + ", a " +
                          module_type_name(*m) +
@@ -314,7 +334,8 @@ dynamic_module_swap to_module(const AnyTensorDict& params, M&& module, swap_mode
 template <class M>
   requires std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>> || nn::dynamic_module<M>
 void to_module_(const AnyTensorDict& params, M&& module) {
-  auto targets = detail::resolve_targets(detail::dynamic_ref(module), detail::unflatten_if_flat(params), 0, "tensordict::to_module_");
+  auto targets = detail::resolve_targets(detail::dynamic_ref(module), detail::unflatten_if_flat(params), 0,
+                                         "tensordict::to_module_", /*members_needed=*/false);
   at::NoGradGuard no_grad;
   for (auto& t : targets) t.member->copy_(t.value);
 }

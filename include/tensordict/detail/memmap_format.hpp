@@ -99,7 +99,8 @@ inline level parse_meta(std::string_view text, const std::string& where) {
     if (const auto type = v.find("type"); type != v.end()) {
       if (!type->is_string()) throw file_error(at + ": \"type\" is not a string");
       e.other = type->get<std::string>();
-      e.type = e.other == "TensorDict" ? entry::kind::nested : entry::kind::other;
+      // A TensorDictParams (an EnsembleModule's params_td) is saved as the TensorDict it wraps.
+      e.type = e.other == "TensorDict" || e.other == "TensorDictParams" ? entry::kind::nested : entry::kind::other;
       out.entries.push_back(std::move(e));
       continue;
     }
