@@ -412,3 +412,44 @@ TEST_CASE("EnsembleModule: tensordict 0.4's ensemble_value, by Python's names, w
   // The member's own tensors (module.module.*) are Python's too, and forward does not use them.
   CHECK(ensemble->module->module->named_parameters()["0.weight"].equal(python.get({"module", "module", "0", "weight"})));
 }
+
+TEST_CASE("EnsembleModule over a TensorDictSequential policy: every module over every copy at once", "[tensordict_nn]") {
+  using net_t = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"observation">, tdn::out_keys<"param">>;
+  using extractor_t = tdn::TensorDictModule<tdn::NormalParamExtractor, tdn::in_keys<"param">, tdn::out_keys<"loc", "scale">>;
+  using head_t = tdn::ProbabilisticTensorDictModule<tdn::Normal, tdn::in_keys<"loc", "scale">, tdn::out_keys<"action">,
+                                                    tdn::log_prob_key<"sample_log_prob">>;
+  using body_t = tdn::TensorDictSequential<net_t, extractor_t>;  // nested, as Python allows
+  using policy_t = tdn::TensorDictSequential<body_t, head_t>;
+  policy_t policy(body_t(net_t(mlp(4, 16, 4)), extractor_t(tdn::NormalParamExtractor())), head_t());
+  tdn::EnsembleModule<policy_t> ensemble(policy, 3);
+  CHECK(ensemble->named_parameters().contains("params_td.module.0.module.0.module.0.weight"));
+  const auto& p = ensemble->params_td->tensordict();
+  CHECK_FALSE(p.get<"module", "0", "module", "0", "module", "0", "weight">()[0].equal(
+      p.get<"module", "0", "module", "0", "module", "0", "weight">()[1]));  // fresh copies
+
+  TensorDict<schema<leaf<"observation">>> td({at::randn({5, 4})}, {5});
+  const auto out = ensemble(td);
+  CHECK(out.batch_size() == c10::IntArrayRef{3, 5});
+  CHECK(out.get<"action">().sizes() == c10::IntArrayRef{3, 5, 2});
+  CHECK(out.get<"sample_log_prob">().sizes() == c10::IntArrayRef{3, 5, 2});
+  for (std::int64_t i = 0; i < 3; ++i) {
+    const auto one = functional_call(policy, p[i].detach(), td);
+    INFO("copy " << i);
+    CHECK(at::allclose(out.get<"loc">()[i], one.get<"loc">(), 1e-5, 1e-6));
+    CHECK(at::allclose(out.get<"action">()[i], one.get<"action">(), 1e-5, 1e-6));
+    CHECK(at::allclose(out.get<"sample_log_prob">()[i], one.get<"sample_log_prob">(), 1e-5, 1e-6));
+  }
+  // Gradients reach every copy's parameters through the distribution's log-prob.
+  out.get<"sample_log_prob">().sum().backward();
+  const auto grad = p.get<"module", "0", "module", "0", "module", "0", "weight">().grad();
+  REQUIRE(grad.defined());
+  for (std::int64_t i = 0; i < 3; ++i) CHECK(grad[i].abs().sum().item<double>() > 0);
+
+  // expand_input = false: the input's first batch dim indexes the copies.
+  tdn::EnsembleModule<policy_t> mapped(policy, 3, {.expand_input = false});
+  TensorDict<schema<leaf<"observation">>> per_copy({at::randn({3, 5, 4})}, {3, 5});
+  const auto mapped_out = mapped(per_copy);
+  const auto& mp = mapped->params_td->tensordict();
+  CHECK(at::allclose(mapped_out.get<"action">()[2], functional_call(policy, mp[2].detach(), per_copy[2]).get<"action">(),
+                     1e-5, 1e-6));
+}

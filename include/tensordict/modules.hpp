@@ -183,6 +183,65 @@ struct functional<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
 template <class Wrapped, class In, class Out>
 struct touches_module<TensorDictModuleImpl<Wrapped, In, Out>> : touches_module<impl_of_t<Wrapped>> {};
 
+namespace detail {
+// Whether an ensemble of this member keeps its copies in an AnyTensorDict: a
+// TensorDictModule whose wrapped module's tensors are named at run time (an
+// LSTM, a torch::nn::Sequential).
+template <class MemberImpl>
+constexpr bool runtime_member() {
+  if constexpr (requires { typename MemberImpl::inner_impl; })
+    return dynamic_module<typename MemberImpl::inner_impl> || runtime_layout_module<typename MemberImpl::inner_impl>;
+  else
+    return false;
+}
+
+// Whether a (typed) member has no tensors.
+template <class MemberImpl>
+constexpr bool tensor_free_member() {
+  if constexpr (runtime_member<MemberImpl>())
+    return false;
+  else
+    return schema_of<MemberImpl>::leaf_count == 0;
+}
+
+// A TensorDictModule's params: its wrapped module's ("module"), typed or run-time.
+template <class S>
+auto wrapped_params(const TensorDict<S>& p) {
+  return p.template get<"module">();
+}
+inline AnyTensorDict wrapped_params(const AnyTensorDict& p) { return p.get_tensordict({"module"}); }
+}  // namespace detail
+
+// ---- the copies of an ensemble, at once ---------------------------------------------
+
+// ensemble_forward<Impl>::forward(m, params, td, options, shared_batch): Impl's
+// forward once per set of params (params' batch dim 0 indexes the sets), as
+// EnsembleModule runs its member. With shared_batch empty, td's batch dim 0
+// indexes the sets too; else every set reads td, and the result's batch size
+// is shared_batch ([sets, *td's batch size]). Specialized beside each key-wired
+// module type.
+template <class Impl>
+struct ensemble_forward;
+
+template <class Wrapped, key... In, class Out>
+struct ensemble_forward<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
+  using Impl = TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>;
+  template <class P, class S>
+  static auto forward(Impl& m, const P& params, const TensorDict<S>& td, const functional_vmap_options& o,
+                      c10::IntArrayRef shared_batch) {
+    if constexpr (detail::tensor_free_member<Impl>()) {
+      return m.forward(shared_batch.empty() ? td : td.expand(shared_batch));  // no tensors: the sets' dim is a batch dim
+    } else {
+      const auto p = detail::wrapped_params(params);
+      if (shared_batch.empty())
+        return Impl::with_output(td, functional_vmap(*m.module, p, {}, kwargs(kw<In>(td.template get<In>())...),
+                                                     in_dims(in_dim_of<In>{0}...), o));
+      return Impl::with_output(td.expand(shared_batch), functional_vmap(*m.module, p, args(td.template get<In>()...), {}, {}, o),
+                               shared_batch);
+    }
+  }
+};
+
 // ---- EnsembleModule ----------------------------------------------------------------
 
 struct ensemble_options {
@@ -191,11 +250,8 @@ struct ensemble_options {
 };
 
 namespace detail {
-// The ensemble's stacked parameters, keyed as from_module(member) (Python's
-// "module.0.weight"): typed, or run-time for a member whose wrapped module's
-// tensors are named at run time (an LSTM, a torch::nn::Sequential).
-template <class MemberImpl, class Inner = typename MemberImpl::inner_impl,
-          bool RunTime = dynamic_module<Inner> || runtime_layout_module<Inner>>
+// The ensemble's stacked parameters, keyed as from_module(member) (Python's "module.0.weight").
+template <class MemberImpl, bool RunTime = runtime_member<MemberImpl>()>
 struct ensemble_params {
   using type = TensorDictParams<schema_of<MemberImpl>>;
   static type make(MemberImpl& member, std::int64_t n) {
@@ -206,10 +262,9 @@ struct ensemble_params {
       if (kinds[i] == leaf_kind::parameter && stacked.leaf(i).defined()) stacked.leaf(i).requires_grad_(true);
     return type(std::make_shared<typename type::Impl>(stacked, params_options{}, kinds));
   }
-  static auto wrapped_params(const TensorDict<schema_of<MemberImpl>>& p) { return p.template get<"module">(); }
 };
-template <class MemberImpl, class Inner>
-struct ensemble_params<MemberImpl, Inner, true> {
+template <class MemberImpl>
+struct ensemble_params<MemberImpl, true> {
   using type = AnyTensorDictParams;
   static type make(MemberImpl& member, std::int64_t n) {
     torch::nn::Module& m = member;
@@ -218,27 +273,27 @@ struct ensemble_params<MemberImpl, Inner, true> {
     reset_parameters(m, stacked);
     return type(std::make_shared<AnyTensorDictParamsImpl>(stacked, parameters_of(m)));
   }
-  static AnyTensorDict wrapped_params(const AnyTensorDict& p) { return p.get_tensordict({"module"}); }
 };
+
 }  // namespace detail
 
 // Python's EnsembleModule: `module` is the member (its own tensors are not
 // used by forward), `params_td` the copies' stacked tensors, so the names
 // from_module and state_dict give are Python's ("params_td.module.0.weight").
+// The member is a TensorDictModule, a TensorDictSequential (of those and
+// probabilistic modules) or a ProbabilisticTensorDictModule.
 template <class Member>
 class EnsembleModuleImpl : public torch::nn::Module {
  public:
   using member_impl = typename Member::Impl;
-  using inner = typename member_impl::inner_impl;
-  using stacked = detail::ensemble_params<member_impl>;
-  using params_t = typename stacked::type;
+  using params_t = typename detail::ensemble_params<member_impl>::type;
 
   // num_copies copies with their own initialization (nn::reset_parameters:
   // one draw per copy); the member keeps its own values.
   EnsembleModuleImpl(Member member, std::int64_t num_copies, ensemble_options options = {}) : options_(options) {
     if (num_copies <= 0) throw value_error("EnsembleModule: num_copies must be positive, got " + std::to_string(num_copies));
     module = register_module("module", std::move(member));
-    params_td = register_module("params_td", stacked::make(*module, num_copies));
+    params_td = register_module("params_td", detail::ensemble_params<member_impl>::make(*module, num_copies));
   }
 
   std::int64_t num_copies() const { return params_td->tensordict().batch_size()[0]; }
@@ -246,12 +301,10 @@ class EnsembleModuleImpl : public torch::nn::Module {
   // Output batch size [num_copies, *input batch] (expand_input) or the input's.
   template <class S>
   auto forward(const TensorDict<S>& td) {
-    if constexpr (!member_impl::template has_in_keys<S>()) {
-      member_impl::template check_in_keys<S>();  // reports the missing key
-      return TensorDict<typename member_impl::template output_schema<S>>();
-    } else {
+    if constexpr (!member_impl::template has_in_keys<S>())
+      return module->forward(td);  // reports the missing key, as the member would
+    else
       return forward_checked(td);
-    }
   }
 
   Member module{nullptr};
@@ -260,34 +313,17 @@ class EnsembleModuleImpl : public torch::nn::Module {
  private:
   template <class S>
   auto forward_checked(const TensorDict<S>& td) {
-    inner& shape = *module->module;
     const std::int64_t n = num_copies();
-    const auto p = stacked::wrapped_params(params_td->tensordict());
-    functional_vmap_options o{.randomness = options_.randomness};
+    const functional_vmap_options o{.randomness = options_.randomness};
     if (options_.expand_input) {
-      const auto out = call(shape, p, o, td, std::false_type{});
       std::vector<std::int64_t> batch{n};
       batch.insert(batch.end(), td.batch_size().begin(), td.batch_size().end());
-      return member_impl::with_output(td.expand(batch), out, batch);
+      return ensemble_forward<member_impl>::forward(*module, params_td->tensordict(), td, o, batch);
     }
     if (td.batch_dims() == 0 || td.batch_size()[0] != n)
       throw value_error("EnsembleModule(expand_input=false): the input's first batch dim must be num_copies=" +
                         std::to_string(n) + ", got batch_size=" + format_sizes(td.batch_size()));
-    return member_impl::with_output(td, call(shape, p, o, td, std::true_type{}));
-  }
-
-  // The member's in keys as inputs: shared (args), or mapped over dim 0 (kwargs + in_dims).
-  template <class P, class S, class Mapped>
-  static auto call(inner& shape, const P& p, const functional_vmap_options& o, const TensorDict<S>& td, Mapped) {
-    return call_keys(shape, p, o, td, Mapped{}, typename member_impl::in_keys_t{});
-  }
-  template <class P, class S, class Mapped, key... In>
-  static auto call_keys(inner& shape, const P& p, const functional_vmap_options& o, const TensorDict<S>& td, Mapped,
-                        in_keys<In...>) {
-    if constexpr (Mapped::value)
-      return functional_vmap(shape, p, {}, kwargs(kw<In>(td.template get<In>())...), in_dims(in_dim_of<In>{0}...), o);
-    else
-      return functional_vmap(shape, p, args(td.template get<In>()...), {}, {}, o);
+    return ensemble_forward<member_impl>::forward(*module, params_td->tensordict(), td, o, {});
   }
 
   ensemble_options options_;

@@ -327,6 +327,17 @@ struct module_traits<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>> 
   using members = member_list<>;
 };
 
+// In an ensemble: the distribution over every copy's parameters at once (a
+// random draw is one per copy).
+template <class Dist, class In, class Out, class LogProb>
+struct ensemble_forward<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>> {
+  template <class P, class S>
+  static auto forward(ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>& m, const P&, const TensorDict<S>& td,
+                      const functional_vmap_options&, c10::IntArrayRef shared_batch) {
+    return m.forward(shared_batch.empty() ? td : td.expand(shared_batch));
+  }
+};
+
 // ---- run-time form ----------------------------------------------------------------
 
 // A distribution type chosen at run time: builds it from named parameters.

@@ -356,6 +356,31 @@ struct functional<TensorDictSequentialImpl<Modules...>> {
   }
 };
 
+// In an ensemble: each module over every copy at once, with its sub-tree of the
+// stacked params; the first reads the shared input, the others what it made.
+template <class... Modules>
+struct ensemble_forward<TensorDictSequentialImpl<Modules...>> {
+  using Impl = TensorDictSequentialImpl<Modules...>;
+  template <class P, class S>
+  static auto forward(Impl& m, const TensorDict<P>& p, const TensorDict<S>& td, const functional_vmap_options& o,
+                      c10::IntArrayRef shared_batch) {
+    return run<0>(m, detail::sub_params<"module">(p), td, o, shared_batch);
+  }
+
+ private:
+  template <std::size_t I, class P, class S>
+  static auto run(Impl& m, const TensorDict<P>& p, const TensorDict<S>& td, const functional_vmap_options& o,
+                  c10::IntArrayRef shared_batch) {
+    if constexpr (I == sizeof...(Modules)) {
+      return td;
+    } else {
+      auto& child = *m.template child<I>();
+      using C = std::remove_cvref_t<decltype(child)>;
+      return run<I + 1>(m, p, ensemble_forward<C>::forward(child, detail::sub_params<detail::index_key<I>()>(p), td, o, shared_batch), o, {});
+    }
+  }
+};
+
 template <class Dist, class In, class Out, class LogProb>
 struct touches_module<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>> : std::false_type {};
 template <class... Modules>
