@@ -439,6 +439,12 @@ TEST_CASE("EnsembleModule over a TensorDictSequential policy: every module over 
     CHECK(at::allclose(out.get<"action">()[i], one.get<"action">(), 1e-5, 1e-6));
     CHECK(at::allclose(out.get<"sample_log_prob">()[i], one.get<"sample_log_prob">(), 1e-5, 1e-6));
   }
+  // functional_vmap over the policy with the stacked params: the same computation.
+  const auto vmapped = tdn::functional_vmap(policy, p, td);
+  CHECK(vmapped.batch_size() == c10::IntArrayRef{3, 5});
+  CHECK(at::allclose(vmapped.get<"sample_log_prob">(), out.get<"sample_log_prob">()));
+  CHECK_THROWS_WITH(tdn::functional_vmap(policy, p, td, 0), Contains("batch dim 0 must be the number of sets 3"));
+
   // Gradients reach every copy's parameters through the distribution's log-prob.
   out.get<"sample_log_prob">().sum().backward();
   const auto grad = p.get<"module", "0", "module", "0", "module", "0", "weight">().grad();
@@ -452,4 +458,5 @@ TEST_CASE("EnsembleModule over a TensorDictSequential policy: every module over 
   const auto& mp = mapped->params_td->tensordict();
   CHECK(at::allclose(mapped_out.get<"action">()[2], functional_call(policy, mp[2].detach(), per_copy[2]).get<"action">(),
                      1e-5, 1e-6));
+  CHECK(at::allclose(tdn::functional_vmap(policy, mp, per_copy, 0).get<"action">(), mapped_out.get<"action">()));
 }

@@ -522,6 +522,7 @@ auto kwarg_dims_of(const InDims& in_dims) {
 // member function pointer of the module type, e.g. functional_vmap<&NetImpl::encode>(...).
 template <auto Method = nullptr, class Module, class S, class Args = std::tuple<>, class Kwargs = kwargs_t<>,
           class InDims = in_dims_t<>>
+  requires(!::tensordict::detail::is_tensordict<Args>::value)  // a TensorDict input: modules.hpp's form for key-wired modules
 auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {}, Kwargs kwargs = {},
                      InDims in_dims = {}, functional_vmap_options options = {}) {
   using Impl = impl_of_t<Module>;

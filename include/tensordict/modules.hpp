@@ -242,6 +242,37 @@ struct ensemble_forward<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
   }
 };
 
+// functional_vmap over a key-wired module (a TensorDictModule, a
+// TensorDictSequential, a probabilistic module): Python's
+// vmap(module, (None, 0))(td, params) with td shared by every set, or, with
+// td_in_dim = 0, vmap(module, (0, 0)): td's batch dim 0 indexes the sets.
+// params are the module's stacked (from_modules, an EnsembleModule's
+// params_td), one batch dim; the result's batch size is [sets, *td's].
+//   auto out = tdn::functional_vmap(policy, stacked, td);
+template <class Module, class P, class S>
+  requires requires { sizeof(ensemble_forward<impl_of_t<Module>>); }
+auto functional_vmap(Module&& module, const TensorDict<P>& params, const TensorDict<S>& td,
+                     std::optional<std::int64_t> td_in_dim = std::nullopt, functional_vmap_options options = {}) {
+  using Impl = impl_of_t<Module>;
+  if (params.batch_dims() != 1)
+    throw value_error("tensordict::nn::functional_vmap: a key-wired module's params have one batch dim (the sets), got "
+                      "batch_size=" + format_sizes(params.batch_size()));
+  if (td_in_dim && *td_in_dim != 0)
+    throw value_error("tensordict::nn::functional_vmap: a TensorDict is mapped over its batch dim 0 or shared, got in_dim " +
+                      std::to_string(*td_in_dim));
+  const std::int64_t n = params.batch_size()[0];
+  Impl& impl = ::tensordict::detail::impl_ref(module);
+  if (td_in_dim) {
+    if (td.batch_dims() == 0 || td.batch_size()[0] != n)
+      throw value_error("tensordict::nn::functional_vmap: the TensorDict's batch dim 0 must be the number of sets " +
+                        std::to_string(n) + ", got batch_size=" + format_sizes(td.batch_size()));
+    return ensemble_forward<Impl>::forward(impl, ::tensordict::detail::as_module_params<Impl>(params), td, options, {});
+  }
+  std::vector<std::int64_t> batch{n};
+  batch.insert(batch.end(), td.batch_size().begin(), td.batch_size().end());
+  return ensemble_forward<Impl>::forward(impl, ::tensordict::detail::as_module_params<Impl>(params), td, options, batch);
+}
+
 // ---- EnsembleModule ----------------------------------------------------------------
 
 struct ensemble_options {
