@@ -158,7 +158,7 @@ TEST_CASE("TensorDictSequential policies load Python's parameters by name and gi
     using net_t = tdn::TensorDictModule<mlp_4_16_3, tdn::in_keys<"observation">, tdn::out_keys<"logits">>;
     using head_t = tdn::ProbabilisticTensorDictModule<tdn::OneHotCategorical, tdn::in_keys<"logits">, tdn::out_keys<"action">,
                                                       tdn::log_prob_key<"sample_log_prob">>;
-    tdn::TensorDictSequential<net_t, head_t> policy(net_t(mlp(4, 16, 3)), head_t());
+    tdn::ProbabilisticTensorDictSequential<net_t, head_t> policy(net_t(mlp(4, 16, 3)), head_t());
     STATIC_REQUIRE(std::is_same_v<decltype(policy)::Impl::in_keys_t, tdn::in_keys<"observation">>);
     STATIC_REQUIRE(std::is_same_v<decltype(policy)::Impl::out_keys_t, tdn::out_keys<"logits", "action", "sample_log_prob">>);
     const auto params = python_params(policy, dir);
@@ -169,6 +169,15 @@ TEST_CASE("TensorDictSequential policies load Python's parameters by name and gi
     CHECK(test::near_python(out.get<"logits">(), expected.get("logits")));
     CHECK(out.get<"action">().equal(expected.get("action")));
     CHECK(test::near_python(out.get<"sample_log_prob">(), expected.get("sample_log_prob")));
+
+    // Python's policy.get_dist(input): the MLP runs, then the head builds its distribution.
+    const auto values = load_memmap(dir + "dist_values");
+    const auto fixed = load_memmap(dir + "fixed_action").get("action");
+    const auto dist = policy->get_dist(td);
+    CHECK(test::near_python(dist.log_prob(fixed), values.get("log_prob")));
+    CHECK(test::near_python(dist.entropy(), values.get("entropy")));
+    TensorDict<schema<leaf<"observation">, leaf<"action">>> with_action({td.get<"observation">(), fixed}, {5});
+    CHECK(test::near_python(policy->log_prob(with_action), values.get("log_prob")));
   }
   SECTION("Delta and TruncatedNormal policies, through functional_call") {
     const auto delta_dir = test::nn_fixture("delta");
@@ -333,6 +342,16 @@ TEST_CASE("run-time twins with nested keys give tensordict 0.4's Gaussian and In
       }
     }
     CHECK_FALSE(input.contains("param"));  // the input is not written
+
+    // Python's ProbabilisticTensorDictSequential.get_dist(input) and log_prob.
+    const auto values = load_memmap(dir + "dist_values");
+    const auto fixed = load_memmap(dir + "fixed_action").get("action");
+    const auto built = policy->get_dist(input);
+    CHECK(test::near_python(built->log_prob(fixed), values.get("log_prob")));
+    CHECK(test::near_python(built->entropy(), values.get("entropy")));
+    AnyTensorDict with_action = input.exclude({});
+    with_action.set({"agents", "action"}, fixed);
+    CHECK(test::near_python(policy->log_prob(with_action), values.get("log_prob")));
   }
 }
 
@@ -370,6 +389,8 @@ TEST_CASE("run-time twins: the sequential_keys fixture with its nested keys, sel
   CHECK_THROWS_WITH(miswired(input), Contains("AnyTensorDictSequential: module 1 reads (\"other\", \"z\"), which neither the "
                                               "input nor an earlier module writes"));
   CHECK_THROWS_WITH(seq->select_subsequence(std::vector<any_key_path>{{"obs", "c"}}), Contains("no module reads or writes"));
+  CHECK_THROWS_AS(seq->get_dist(input), value_error);
+  CHECK_THROWS_WITH(seq->get_dist(input), Contains("get_dist and log_prob need a probabilistic last module"));
   CHECK_THROWS_AS(tdn::AnyProbabilisticTensorDictModule(tdn::distribution_builder::of<tdn::Normal>(),
                                                         {{"loc", {"loc"}}, {"std", {"std"}}}, {"action"}),
                   value_error);

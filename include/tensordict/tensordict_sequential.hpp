@@ -53,6 +53,13 @@ struct subsequence_key_unknown {
                 "tensordict::nn::TensorDictSequential::select_subsequence: a key that no module of the sequence reads "
                 "or writes (in 'subsequence_key_unknown<...>' above; the sequence's keys follow). Check its spelling.");
 };
+template <class LastModule>
+struct sequence_ends_in_no_distribution {
+  static_assert(::tensordict::compile_error::always_false<LastModule>,
+                "tensordict::nn::TensorDictSequential: get_dist and log_prob need a probabilistic last module (a "
+                "ProbabilisticTensorDictModule, or a sequence ending in one), as Python's "
+                "ProbabilisticTensorDictSequential; the last module's type is in 'sequence_ends_in_no_distribution<...>' above.");
+};
 template <class InKeys, class OutKeys>
 struct subsequence_is_empty {
   static_assert(::tensordict::compile_error::always_false<InKeys>,
@@ -177,6 +184,18 @@ constexpr auto kept_indices(std::index_sequence<I...>) {
 }  // namespace detail
 
 template <class... Modules>
+class TensorDictSequentialImpl;
+
+namespace detail {
+// A probabilistic module, or a sequence whose last module is one.
+template <class Impl>
+struct ends_in_distribution : std::bool_constant<requires { typename Impl::dist_type; }> {};
+template <class... Modules>
+struct ends_in_distribution<TensorDictSequentialImpl<Modules...>>
+    : ends_in_distribution<impl_of_t<std::tuple_element_t<sizeof...(Modules) - 1, std::tuple<Modules...>>>> {};
+}  // namespace detail
+
+template <class... Modules>
 class TensorDictSequentialImpl : public torch::nn::Module {
   static_assert(sizeof...(Modules) > 0, "tensordict::nn::TensorDictSequential needs at least one module.");
   using keys = detail::sequence_keys<in_keys<>, out_keys<>, impl_of_t<Modules>...>;
@@ -210,6 +229,25 @@ class TensorDictSequentialImpl : public torch::nn::Module {
     return run<0>(td);
   }
 
+  // With a probabilistic last module (Python's ProbabilisticTensorDictSequential):
+  // the distribution that module builds from what the modules before it make of td.
+  template <class S>
+  auto get_dist(const TensorDict<S>& td) {
+    if constexpr (detail::ends_in_distribution<last_impl>::value)
+      return child<sizeof...(Modules) - 1>()->get_dist(run<0, sizeof...(Modules) - 1>(td));
+    else
+      ::tensordict::compile_error::report<compile_error::sequence_ends_in_no_distribution<last_impl>>();
+  }
+  // The log-probability of the value td holds at the last module's out key.
+  template <class S>
+  at::Tensor log_prob(const TensorDict<S>& td) {
+    if constexpr (detail::ends_in_distribution<last_impl>::value)
+      return child<sizeof...(Modules) - 1>()->log_prob(run<0, sizeof...(Modules) - 1>(td));
+    else
+      ::tensordict::compile_error::report<compile_error::sequence_ends_in_no_distribution<last_impl>>();
+    return {};
+  }
+
   // Python's select_subsequence: a sequence of the modules that, from in keys
   // (the sequence's own when void), lead to out keys (its own when void). The
   // modules are shared, not copied.
@@ -241,9 +279,10 @@ class TensorDictSequentialImpl : public torch::nn::Module {
     return (has_path_v<S, K> && ...);
   }
 
-  template <std::size_t I, class S>
+  // Modules I to End - 1 on td.
+  template <std::size_t I, std::size_t End = sizeof...(Modules), class S>
   auto run(const TensorDict<S>& td) {
-    if constexpr (I == sizeof...(Modules)) {
+    if constexpr (I == End) {
       return td;
     } else {
       using M = impl_of_t<std::tuple_element_t<I, std::tuple<Modules...>>>;
@@ -251,10 +290,11 @@ class TensorDictSequentialImpl : public torch::nn::Module {
         report_missing<I, S>(typename M::in_keys_t{});
         return TensorDict<typename detail::schema_after<S, impl_of_t<Modules>...>::type>();
       } else {
-        return run<I + 1>(child<I>()->forward(td));
+        return run<I + 1, End>(child<I>()->forward(td));
       }
     }
   }
+  using last_impl = impl_of_t<std::tuple_element_t<sizeof...(Modules) - 1, std::tuple<Modules...>>>;
 
   template <std::size_t I, class S, key... K>
   static constexpr void report_missing(in_keys<K...>) {
@@ -308,6 +348,21 @@ class TensorDictSequential : public torch::nn::ModuleHolder<TensorDictSequential
     return this->ptr()->forward(td);
   }
 };
+
+namespace detail {
+template <class... Modules>
+struct probabilistic_sequence {
+  static_assert(ends_in_distribution<impl_of_t<std::tuple_element_t<sizeof...(Modules) - 1, std::tuple<Modules...>>>>::value,
+                "tensordict::nn::ProbabilisticTensorDictSequential: the last module must be probabilistic (a "
+                "ProbabilisticTensorDictModule, or a sequence ending in one); for other modules use TensorDictSequential.");
+  using type = TensorDictSequential<Modules...>;
+};
+}  // namespace detail
+
+// Python's ProbabilisticTensorDictSequential: a TensorDictSequential whose last
+// module is probabilistic (checked), with get_dist and log_prob.
+template <class... Modules>
+using ProbabilisticTensorDictSequential = typename detail::probabilistic_sequence<Modules...>::type;
 
 template <class... Modules>
 template <auto Indices, std::size_t... J>
@@ -414,6 +469,18 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
   std::size_t size() const { return modules_.size(); }
   const std::shared_ptr<AnyTensorDictModuleBase>& child(std::size_t i) const { return modules_.at(i); }
 
+  // With a probabilistic last module (an AnyProbabilisticTensorDictModule, or a
+  // sequence ending in one; else value_error): Python's
+  // ProbabilisticTensorDictSequential.get_dist, the distribution that module
+  // builds from what the modules before it make of td.
+  std::shared_ptr<const Distribution> get_dist(const AnyTensorDict& td) {
+    return with_last_module(td, [](auto& last, const AnyTensorDict& in) { return last.get_dist(in); });
+  }
+  // The log-probability of the value td holds at the last module's out key.
+  at::Tensor log_prob(const AnyTensorDict& td) {
+    return with_last_module(td, [](auto& last, const AnyTensorDict& in) { return last.log_prob(in); });
+  }
+
   // Python's select_subsequence (the sequence's own keys where not given); the modules are shared.
   AnyTensorDictSequential select_subsequence(std::optional<std::vector<any_key_path>> in = std::nullopt,
                                              std::optional<std::vector<any_key_path>> out = std::nullopt) const;
@@ -457,6 +524,21 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
       for (const auto& k : modules_[i]->out_keys())
         if (!has(readable, k)) readable.push_back(k);
     }
+  }
+
+  // f(last module, what the modules before it make of td), for a probabilistic last module.
+  template <class F>
+  std::invoke_result_t<F&, AnyProbabilisticTensorDictModuleImpl&, const AnyTensorDict&> with_last_module(const AnyTensorDict& td, F f) {
+    auto* probabilistic = dynamic_cast<AnyProbabilisticTensorDictModuleImpl*>(modules_.back().get());
+    auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get());
+    if (!probabilistic && !sequence)
+      throw value_error("tensordict::nn::AnyTensorDictSequential: get_dist and log_prob need a probabilistic last module "
+                        "(an AnyProbabilisticTensorDictModule, or a sequence ending in one); module " +
+                        std::to_string(modules_.size() - 1) + " is a " + modules_.back()->name());
+    check_wiring(td);
+    AnyTensorDict out = td;
+    for (std::size_t i = 0; i + 1 < modules_.size(); ++i) out = modules_[i]->forward(out);
+    return probabilistic ? f(*probabilistic, out) : f(*sequence, out);
   }
 
   std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules_;
