@@ -267,6 +267,19 @@ TEST_CASE("TensorDictSequential: keys computed at compile time, several out keys
   // (c) in_keys=[obs.b]: the second alone.
   STATIC_REQUIRE(std::is_same_v<decltype(seq->select_subsequence<tdn::in_keys<"obs_b">>()), tdn::TensorDictSequential<m1_t>>);
 
+  // select_out_keys: the input's keys and the selected out keys (Python's select_out_keys_output).
+  auto selected = seq->select_out_keys<"out", "hidden_y">();
+  STATIC_REQUIRE(std::is_same_v<decltype(selected)::Impl::out_keys_t, tdn::out_keys<"out", "hidden_y">>);
+  const auto sel_out = selected(td);
+  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(sel_out)>::schema_t,
+                                schema<leaf<"obs_a">, leaf<"obs_b">, leaf<"hidden_y">, leaf<"out">>>);
+  const auto sel_expected = load_memmap(dir + "select_out_keys_output");
+  CHECK(test::near_python(sel_out.get<"out">(), sel_expected.get("out")));
+  CHECK(test::near_python(sel_out.get<"hidden_y">(), sel_expected.get("hidden", "y")));
+  CHECK(tdn::unique_parameters(*selected).size() == tdn::unique_parameters(*seq).size());
+  CHECK(from_module(selected).get<"module", "0", "module", "l1", "weight">().is_same(params.get<"module", "0", "module", "l1", "weight">()));
+  CHECK(at::allclose(functional_call(selected, params, td).get<"out">(), sel_out.get<"out">()));
+
   // A sequence inside a sequence: the same outputs, Python's nested names.
   using inner_t = tdn::TensorDictSequential<m0_t, m1_t>;
   tdn::TensorDictSequential<inner_t, m2_t> nested(inner_t(seq->child<0>(), seq->child<1>()), seq->child<2>());
@@ -389,6 +402,20 @@ TEST_CASE("run-time twins: the sequential_keys fixture with its nested keys, sel
   CHECK_THROWS_WITH(miswired(input), Contains("AnyTensorDictSequential: module 1 reads (\"other\", \"z\"), which neither the "
                                               "input nor an earlier module writes"));
   CHECK_THROWS_WITH(seq->select_subsequence(std::vector<any_key_path>{{"obs", "c"}}), Contains("no module reads or writes"));
+  // select_out_keys: Python's select_out_keys_output (the input's keys and the selected out keys).
+  seq->select_out_keys({{"out"}, {"hidden", "y"}});
+  CHECK(seq->out_keys() == std::vector<any_key_path>{{"out"}, {"hidden", "y"}});
+  const auto selected = seq(input), sel_expected = load_memmap(dir + "select_out_keys_output");
+  auto sorted_keys = [](const AnyTensorDict& td) {
+    auto keys = td.keys(true, true);
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  };
+  CHECK(sorted_keys(selected) == sorted_keys(sel_expected));  // Python's order is that of its select call
+  for (const auto& k : sel_expected.keys(true, true)) CHECK(test::near_python(selected.get(k), sel_expected.get(k)));
+  CHECK_THROWS_WITH(seq->select_out_keys({{"obs", "a"}}), Contains("no module writes (\"obs\", \"a\")"));
+  seq->reset_out_keys();
+  check_all(seq(input), load_memmap(dir + "output"));
   CHECK_THROWS_AS(seq->get_dist(input), value_error);
   CHECK_THROWS_WITH(seq->get_dist(input), Contains("get_dist and log_prob need a probabilistic last module"));
   CHECK_THROWS_AS(tdn::AnyProbabilisticTensorDictModule(tdn::distribution_builder::of<tdn::Normal>(),

@@ -53,6 +53,12 @@ struct subsequence_key_unknown {
                 "tensordict::nn::TensorDictSequential::select_subsequence: a key that no module of the sequence reads "
                 "or writes (in 'subsequence_key_unknown<...>' above; the sequence's keys follow). Check its spelling.");
 };
+template <key Key, class OutKeys>
+struct selected_key_is_not_an_out_key {
+  static_assert(::tensordict::compile_error::always_false<OutKeys>,
+                "tensordict::nn::TensorDictSequential::select_out_keys: a key that no module of the sequence writes (in "
+                "'selected_key_is_not_an_out_key<...>' above; the sequence's out keys follow). Select among its out keys.");
+};
 template <class LastModule>
 struct sequence_ends_in_no_distribution {
   static_assert(::tensordict::compile_error::always_false<LastModule>,
@@ -248,6 +254,13 @@ class TensorDictSequentialImpl : public torch::nn::Module {
     return {};
   }
 
+  // Python's select_out_keys (selected_out_keys in later versions): the
+  // sequence, its output holding only the input's keys and the given out keys
+  // (the keys only earlier modules read are left out). Python changes the
+  // module; here the result is a new module sharing this one's modules.
+  template <key... Selected>
+  auto select_out_keys();
+
   // Python's select_subsequence: a sequence of the modules that, from in keys
   // (the sequence's own when void), lead to out keys (its own when void). The
   // modules are shared, not copied.
@@ -441,6 +454,138 @@ struct touches_module<ProbabilisticTensorDictModuleImpl<Dist, In, Out, LogProb>>
 template <class... Modules>
 struct touches_module<TensorDictSequentialImpl<Modules...>> : std::disjunction<touches_module<impl_of_t<Modules>>...> {};
 
+// ---- selected out keys --------------------------------------------------------------
+
+namespace detail {
+// Out keys of a sequence that its selection drops: neither selected nor in the input schema S.
+template <class S, class Written, key... Selected>
+struct dropped_keys;
+template <class S, key... Written, key... Selected>
+struct dropped_keys<S, out_keys<Written...>, Selected...> {
+  template <class List, key K>
+  using add = std::conditional_t<((K == Selected) || ...) || S::find(K.view()) != npos, List,
+                                 typename key_list_append<List, K>::type>;
+  template <class List, key... Rest>
+  struct fold {
+    using type = List;
+  };
+  template <class List, key First, key... Rest>
+  struct fold<List, First, Rest...> : fold<add<List, First>, Rest...> {};
+  using type = typename fold<out_keys<>, Written...>::type;
+};
+
+template <key... Dropped, class Full>
+auto without_keys(const Full& full, out_keys<Dropped...>) {
+  if constexpr (sizeof...(Dropped) == 0)
+    return full;
+  else
+    return full.template exclude<Dropped...>();
+}
+}  // namespace detail
+
+// A TensorDictSequential whose output keeps the input's keys and the selected
+// out keys (Python's select_out_keys / selected_out_keys). Its modules are
+// registered as the sequence's, under "module", so parameter names are unchanged.
+template <class Seq, class Selected>
+class SelectedOutKeysImpl;
+
+template <class Seq, key... Selected>
+class SelectedOutKeysImpl<Seq, out_keys<Selected...>> : public torch::nn::Module {
+ public:
+  using sequence_impl = impl_of_t<Seq>;
+  using in_keys_t = typename sequence_impl::in_keys_t;
+  using out_keys_t = out_keys<Selected...>;
+  template <class S>
+  using output_schema = typename decltype(detail::without_keys(
+      std::declval<TensorDict<typename sequence_impl::template output_schema<S>>>(),
+      typename detail::dropped_keys<S, typename sequence_impl::out_keys_t, Selected...>::type{}))::schema_t;
+
+  explicit SelectedOutKeysImpl(Seq seq) : sequence(std::move(seq)) {
+    (check_selected<Selected>(), ...);
+    module = register_module("module", sequence->module);
+  }
+
+  template <class S>
+  static constexpr bool has_in_keys() {
+    return sequence_impl::template has_in_keys<S>();
+  }
+
+  template <class S>
+  auto forward(const TensorDict<S>& td) {
+    return select<S>(sequence->forward(td));
+  }
+  template <class S>
+  auto get_dist(const TensorDict<S>& td) {
+    return sequence->get_dist(td);
+  }
+  template <class S>
+  at::Tensor log_prob(const TensorDict<S>& td) {
+    return sequence->log_prob(td);
+  }
+
+  // The sequence's output for an input of schema S, less the keys not selected.
+  template <class S, class Full>
+  static auto select(const Full& full) {
+    return detail::without_keys(full, typename detail::dropped_keys<S, typename sequence_impl::out_keys_t, Selected...>::type{});
+  }
+
+  Seq sequence;  // not registered itself: its modules are, below
+  decltype(sequence_impl::module) module;
+
+ private:
+  template <key K>
+  static constexpr void check_selected() {
+    if constexpr (!detail::key_list_has<typename sequence_impl::out_keys_t, K>::value)
+      ::tensordict::compile_error::report<
+          compile_error::selected_key_is_not_an_out_key<K, typename sequence_impl::out_keys_t>>();
+  }
+};
+
+template <class Seq, class Selected>
+class SelectedOutKeys : public torch::nn::ModuleHolder<SelectedOutKeysImpl<Seq, Selected>> {
+ public:
+  using Impl = SelectedOutKeysImpl<Seq, Selected>;
+  using torch::nn::ModuleHolder<Impl>::ModuleHolder;
+  explicit SelectedOutKeys(Seq seq) : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(seq))) {}
+  template <class S>
+  auto operator()(const TensorDict<S>& td) const {
+    return this->ptr()->forward(td);
+  }
+};
+
+template <class... Modules>
+template <key... Selected>
+auto TensorDictSequentialImpl<Modules...>::select_out_keys() {
+  using holder = TensorDictSequential<Modules...>;
+  return SelectedOutKeys<holder, out_keys<Selected...>>(
+      holder(std::static_pointer_cast<TensorDictSequentialImpl>(this->shared_from_this())));
+}
+
+template <class Seq, class Selected>
+struct module_traits<SelectedOutKeysImpl<Seq, Selected>> {
+  using members = member_list<member<"module", member_pointer<&SelectedOutKeysImpl<Seq, Selected>::module>>>;
+};
+template <class Seq, class Selected>
+struct functional<SelectedOutKeysImpl<Seq, Selected>> {
+  static constexpr bool is_functional = true;
+  using Impl = SelectedOutKeysImpl<Seq, Selected>;
+  template <class S>
+  static auto forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const TensorDict<S>& td) {
+    return Impl::template select<S>(functional<typename Impl::sequence_impl>::forward(*m.sequence, p, td));
+  }
+};
+template <class Seq, class Selected>
+struct ensemble_forward<SelectedOutKeysImpl<Seq, Selected>> {
+  using Impl = SelectedOutKeysImpl<Seq, Selected>;
+  template <class P, class S>
+  static auto forward(Impl& m, const TensorDict<P>& p, const TensorDict<S>& td, const functional_vmap_options& o,
+                      c10::IntArrayRef shared_batch) {
+    return Impl::template select<S>(ensemble_forward<typename Impl::sequence_impl>::forward(*m.sequence, p, td, o, shared_batch));
+  }
+};
+template <class Seq, class Selected>
+struct touches_module<SelectedOutKeysImpl<Seq, Selected>> : touches_module<impl_of_t<Seq>> {};
+
 // ---- run-time form ----------------------------------------------------------------
 
 // TensorDictSequential at run time: AnyTensorDictModules, probabilistic ones
@@ -463,7 +608,28 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
     check_wiring(td);
     AnyTensorDict out = td;
     for (const auto& m : modules_) out = m->forward(out);
-    return out;
+    if (out_keys_.size() == written_.size()) return out;
+    std::vector<any_key_path> dropped;
+    for (const auto& k : written_)
+      if (!has(out_keys_, k) && !td.is_leaf(k)) dropped.push_back(k);
+    return out.exclude(dropped);
+  }
+
+  // Python's select_out_keys (selected_out_keys in later versions), in place
+  // as Python's: the output holds only the input's keys and these out keys
+  // (key_error for a key no module writes); out_keys() lists them.
+  AnyTensorDictSequentialImpl& select_out_keys(std::vector<any_key_path> keys) {
+    for (const auto& k : keys)
+      if (!has(written_, k))
+        throw key_error("tensordict::nn::AnyTensorDictSequential.select_out_keys: no module writes " + to_string(k) +
+                        " (the out keys: " + detail::listed_paths(written_) + ")");
+    out_keys_ = std::move(keys);
+    return *this;
+  }
+  // Every module's out keys again (Python's reset_out_keys).
+  AnyTensorDictSequentialImpl& reset_out_keys() {
+    out_keys_ = written_;
+    return *this;
   }
 
   std::size_t size() const { return modules_.size(); }
@@ -509,7 +675,7 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
     return w;
   }
   explicit AnyTensorDictSequentialImpl(wired_modules w)
-      : AnyTensorDictModuleBase(std::move(w.needed), std::move(w.written)), modules_(std::move(w.modules)) {
+      : AnyTensorDictModuleBase(std::move(w.needed), w.written), modules_(std::move(w.modules)), written_(std::move(w.written)) {
     module = register_module("module", torch::nn::ModuleList());
     for (const auto& m : modules_) module->push_back(m);
   }
@@ -542,6 +708,7 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
   }
 
   std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules_;
+  std::vector<any_key_path> written_;  // every module's out keys; out_keys_ may select some
 };
 
 class AnyTensorDictSequential : public torch::nn::ModuleHolder<AnyTensorDictSequentialImpl> {
@@ -559,7 +726,7 @@ inline AnyTensorDictSequential AnyTensorDictSequentialImpl::select_subsequence(s
   std::vector<any_key_path> available = in.value_or(in_keys_), wanted = out.value_or(out_keys_);
   for (const auto* keys : {&available, &wanted})
     for (const auto& k : *keys) {
-      bool known = has(out_keys_, k);
+      bool known = has(written_, k);
       for (const auto& m : modules_) known = known || has(m->in_keys(), k);
       if (!known)
         throw key_error("tensordict::nn::AnyTensorDictSequential.select_subsequence: no module reads or writes " + to_string(k));
