@@ -19,6 +19,7 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 
+#include <tensordict/composite_distribution.hpp>
 #include <tensordict/files.hpp>
 #include <tensordict/functional_call.hpp>
 #include <tensordict/memmap.hpp>
@@ -507,4 +508,80 @@ TEST_CASE("EnsembleModule over a TensorDictSequential policy: every module over 
   CHECK(at::allclose(mapped_out.get<"action">()[2], functional_call(policy, mp[2].detach(), per_copy[2]).get<"action">(),
                      1e-5, 1e-6));
   CHECK(at::allclose(tdn::functional_vmap(policy, mp, per_copy, 0).get<"action">(), mapped_out.get<"action">()));
+}
+
+TEST_CASE("CompositeDistribution: one distribution per head, Python's key names and sums", "[tensordict_nn]") {
+  // Python's docstring example: a Normal head and a nested Categorical head over batch [3].
+  const auto loc = at::randn({3, 4}), scale = at::rand({3, 4}) + 0.1, logits = at::randn({3, 10});
+  AnyTensorDict params({3});
+  params.set({"cont", "loc"}, loc);
+  params.set({"cont", "scale"}, scale);
+  params.set({"nested", "disc", "logits"}, logits);
+  const tdn::distribution_map heads{{{"cont"}, tdn::distribution_builder::of<tdn::Normal>()},
+                                    {{"nested", "disc"}, tdn::distribution_builder::of<tdn::Categorical>()},
+                                    {{"absent"}, tdn::distribution_builder::of<tdn::Normal>()}};
+  const tdn::CompositeDistribution dist(params, heads);
+  CHECK(dist.size() == 2);  // a head without parameters is left out, as in Python
+  CHECK(dist.batch_shape() == std::vector<std::int64_t>{3});
+
+  const auto sample = dist.sample({4});
+  CHECK(sample.batch_size() == c10::IntArrayRef{4, 3});
+  CHECK(sample.get("cont").sizes() == c10::IntArrayRef{4, 3, 4});
+  CHECK(sample.get("nested", "disc").sizes() == c10::IntArrayRef{4, 3});
+  const auto lp = dist.log_prob(sample);
+  const auto cont_lp = tdn::Normal(loc, scale).log_prob(sample.get("cont"));
+  const auto disc_lp = tdn::Categorical(logits).log_prob(sample.get("nested", "disc"));
+  CHECK(at::allclose(lp.get("cont_log_prob"), cont_lp));
+  CHECK(at::allclose(lp.get("nested", "disc_log_prob"), disc_lp));
+  CHECK(at::allclose(lp.get("sample_log_prob"), cont_lp.sum(-1) + disc_lp));  // summed down to the sample's batch dims
+  CHECK(lp.get("cont").is_same(sample.get("cont")));
+  CHECK_FALSE(sample.contains("sample_log_prob"));  // the sample is not written
+
+  const auto mode = dist.mode();
+  CHECK(mode.get("cont").equal(loc));
+  CHECK(mode.get("nested", "disc").equal(logits.argmax(-1)));
+  const auto entropy = dist.entropy();
+  CHECK(at::allclose(entropy.get("cont_entropy"), tdn::Normal(loc, scale).entropy()));
+  CHECK(at::allclose(entropy.get("entropy"), tdn::Normal(loc, scale).entropy().sum(-1) + tdn::Categorical(logits).entropy()));
+
+  // rsample's gradients reach the parameters of the heads that have one.
+  const auto trained_loc = loc.clone().requires_grad_();
+  AnyTensorDict p2 = params.exclude({});
+  p2.set({"cont", "loc"}, trained_loc);
+  const auto drawn = tdn::CompositeDistribution(p2, {heads[0]}).rsample();
+  CHECK(torch::autograd::grad({drawn.get("cont").sum()}, {trained_loc})[0].equal(at::ones_like(loc)));
+
+  AnyTensorDict leaf_params({3});
+  leaf_params.set({"cont"}, loc);
+  CHECK_THROWS_AS(tdn::CompositeDistribution(leaf_params, heads), value_error);
+  // A Categorical over [3, 4] logits has batch shape [3]: not params' [3, 4].
+  AnyTensorDict deep({3, 4});
+  deep.set({"nested", "disc", "logits"}, at::randn({3, 4}));
+  CHECK_THROWS_AS(tdn::CompositeDistribution(deep, heads), shape_error);
+  CHECK_THROWS_WITH(tdn::CompositeDistribution(deep, heads), Contains("batch shape [3], which does not start with params' batch size [3,4]"));
+  CHECK_THROWS_WITH(tdn::CompositeDistribution(params, {{{"cont"}, tdn::distribution_builder::of<tdn::Categorical>()}}),
+                    Contains("Categorical takes the parameters"));
+}
+
+TEST_CASE("CompositeProbabilisticTensorDictModule writes every head's value and log-probabilities", "[tensordict_nn]") {
+  AnyTensorDict td({3});
+  td.set({"params", "move", "loc"}, at::randn({3, 2}));
+  td.set({"params", "move", "scale"}, at::rand({3, 2}) + 0.1);
+  td.set({"params", "grip", "logits"}, at::randn({3, 4}));
+  tdn::CompositeProbabilisticTensorDictModule head(
+      {"params"}, {{{"move"}, tdn::distribution_builder::of<tdn::Normal>()}, {{"grip"}, tdn::distribution_builder::of<tdn::Categorical>()}},
+      {.return_log_prob = true});
+  CHECK(head->in_keys() == std::vector<any_key_path>{{"params"}});
+  CHECK(head->out_keys() ==
+        std::vector<any_key_path>{{"move"}, {"grip"}, {"move_log_prob"}, {"grip_log_prob"}, {"sample_log_prob"}});
+  const auto out = head(td);  // mode by default
+  CHECK(out.get("move").equal(td.get("params", "move", "loc")));
+  CHECK(out.get("grip").equal(td.get("params", "grip", "logits").argmax(-1)));
+  CHECK(at::allclose(out.get("sample_log_prob"), out.get("move_log_prob").sum(-1) + out.get("grip_log_prob")));
+  CHECK(at::allclose(head->log_prob(out).get("sample_log_prob"), out.get("sample_log_prob")));
+  {
+    tdn::set_interaction_type random(tdn::interaction_type::random);
+    CHECK_FALSE(head(td).get("move").equal(out.get("move")));
+  }
+  CHECK_THROWS_AS(head(AnyTensorDict({3})), key_error);
 }

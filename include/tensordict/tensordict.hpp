@@ -4,6 +4,7 @@
 #pragma once
 
 #include "any_tensordict.hpp"
+#include "composite_distribution.hpp"
 #include "dict.hpp"
 #include "distributions.hpp"
 #include "errors.hpp"
