@@ -227,56 +227,66 @@ struct CatLinearImpl : torch::nn::Module {
 TORCH_MODULE(CatLinear);
 TENSORDICT_MODULE(CatLinearImpl, lin);
 
-TEST_CASE("TensorDictSequential: keys computed at compile time, several out keys, select_subsequence as Python's",
-          "[tensordict_nn]") {
-  // sequential_keys with flat keys: obs_a is ("obs", "a"), hidden_x ("hidden", "x"), ...
-  using m0_t = tdn::TensorDictModule<TwoHeads, tdn::in_keys<"obs_a">, tdn::out_keys<"hidden_x", "hidden_y">>;
-  using m1_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"obs_b">, tdn::out_keys<"other_z">>;
-  using m2_t = tdn::TensorDictModule<CatLinear, tdn::in_keys<"hidden_x", "other_z">, tdn::out_keys<"out">>;
+TEST_CASE("TensorDictSequential: nested keys, keys computed at compile time, several out keys, select_subsequence as "
+          "Python's", "[tensordict_nn]") {
+  // tensordict 0.4's sequential_keys, with its nested keys.
+  using tensordict::nested_key;
+  using m0_t = tdn::TensorDictModule<TwoHeads, tdn::in_keys<nested_key<"obs", "a">>,
+                                     tdn::out_keys<nested_key<"hidden", "x">, nested_key<"hidden", "y">>>;
+  using m1_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<nested_key<"obs", "b">>, tdn::out_keys<nested_key<"other", "z">>>;
+  using m2_t = tdn::TensorDictModule<CatLinear, tdn::in_keys<nested_key<"hidden", "x">, nested_key<"other", "z">>, tdn::out_keys<"out">>;
   using seq_t = tdn::TensorDictSequential<m0_t, m1_t, m2_t>;
   seq_t seq(m0_t(TwoHeads()), m1_t(torch::nn::Linear(2, 3)), m2_t(CatLinear()));
-  STATIC_REQUIRE(std::is_same_v<seq_t::Impl::in_keys_t, tdn::in_keys<"obs_a", "obs_b">>);
-  STATIC_REQUIRE(std::is_same_v<seq_t::Impl::out_keys_t, tdn::out_keys<"hidden_x", "hidden_y", "other_z", "out">>);
+  STATIC_REQUIRE(std::is_same_v<seq_t::Impl::in_keys_t, tdn::in_keys<nested_key<"obs", "a">, nested_key<"obs", "b">>>);
+  STATIC_REQUIRE(std::is_same_v<seq_t::Impl::out_keys_t, tdn::out_keys<nested_key<"hidden", "x">, nested_key<"hidden", "y">,
+                                                                        nested_key<"other", "z">, "out">>);
 
   const auto dir = test::nn_fixture("sequential_keys");
   const auto params = python_params(seq, dir);
   CHECK(params.get<"module", "0", "module", "l1", "weight">().sizes() == at::IntArrayRef{4, 3});
   auto swap = to_module(params, seq);
   const auto input = load_memmap(dir + "input");
-  using obs = schema<leaf<"obs_a">, leaf<"obs_b">>;
+  using obs = schema<node<"obs", leaf<"a">, leaf<"b">>>;
   TensorDict<obs> td({input.get("obs", "a"), input.get("obs", "b")}, {5});
 
-  const auto expected = load_memmap(dir + "output");
+  // Every key, shape, dtype and value of Python's output; the output schema is the compiler's.
+  auto check_all = [](const AnyTensorDict& out, const AnyTensorDict& expected) {
+    CHECK(out.keys(true, true) == expected.keys(true, true));
+    for (const auto& k : expected.keys(true, true)) {
+      INFO(to_string(k));
+      CHECK(test::near_python(out.get(k), expected.get(k)));
+    }
+  };
   const auto out = seq(td);
-  CHECK(test::near_python(out.get<"hidden_x">(), expected.get("hidden", "x")));
-  CHECK(test::near_python(out.get<"hidden_y">(), expected.get("hidden", "y")));
-  CHECK(test::near_python(out.get<"other_z">(), expected.get("other", "z")));
-  CHECK(test::near_python(out.get<"out">(), expected.get("out")));
+  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(out)>::schema_t,
+                                schema<node<"obs", leaf<"a">, leaf<"b">>, node<"hidden", leaf<"x">, leaf<"y">>,
+                                       node<"other", leaf<"z">>, leaf<"out">>>);
+  check_all(AnyTensorDict(out), load_memmap(dir + "output"));
+  CHECK(out.get<"obs", "a">().is_same(td.get<"obs", "a">()));
 
   // (a) out_keys=[hidden.y]: the first module alone, shared with the sequence.
-  auto sub_a = seq->select_subsequence<void, tdn::out_keys<"hidden_y">>();
+  auto sub_a = seq->select_subsequence<void, tdn::out_keys<nested_key<"hidden", "y">>>();
   STATIC_REQUIRE(std::is_same_v<decltype(sub_a), tdn::TensorDictSequential<m0_t>>);
   CHECK(sub_a->child<0>().get() == seq->child<0>().get());
-  CHECK(test::near_python(sub_a(td).get<"hidden_y">(), load_memmap(dir + "subseq_a_output").get("hidden", "y")));
+  check_all(AnyTensorDict(sub_a(td)), load_memmap(dir + "subseq_a_output"));
   // (b) in_keys=[obs.b, hidden.x], out_keys=[out]: the second and third.
-  auto sub_b = seq->select_subsequence<tdn::in_keys<"obs_b", "hidden_x">, tdn::out_keys<"out">>();
+  auto sub_b = seq->select_subsequence<tdn::in_keys<nested_key<"obs", "b">, nested_key<"hidden", "x">>, tdn::out_keys<"out">>();
   STATIC_REQUIRE(std::is_same_v<decltype(sub_b), tdn::TensorDictSequential<m1_t, m2_t>>);
-  STATIC_REQUIRE(std::is_same_v<decltype(sub_b)::Impl::in_keys_t, tdn::in_keys<"obs_b", "hidden_x">>);
   const auto b_input = load_memmap(dir + "subseq_b_input");
-  const auto b_out = sub_b(TensorDict<schema<leaf<"obs_b">, leaf<"hidden_x">>>({b_input.get("obs", "b"), b_input.get("hidden", "x")}, {5}));
-  CHECK(test::near_python(b_out.get<"out">(), load_memmap(dir + "subseq_b_output").get("out")));
+  using b_schema = schema<node<"obs", leaf<"b">>, node<"hidden", leaf<"x">>>;
+  check_all(AnyTensorDict(sub_b(b_input.to_typed<b_schema>())), load_memmap(dir + "subseq_b_output"));
   // (c) in_keys=[obs.b]: the second alone.
-  STATIC_REQUIRE(std::is_same_v<decltype(seq->select_subsequence<tdn::in_keys<"obs_b">>()), tdn::TensorDictSequential<m1_t>>);
+  auto sub_c = seq->select_subsequence<tdn::in_keys<nested_key<"obs", "b">>>();
+  STATIC_REQUIRE(std::is_same_v<decltype(sub_c), tdn::TensorDictSequential<m1_t>>);
+  check_all(AnyTensorDict(sub_c(td)), load_memmap(dir + "subseq_c_output"));
 
   // select_out_keys: the input's keys and the selected out keys (Python's select_out_keys_output).
-  auto selected = seq->select_out_keys<"out", "hidden_y">();
-  STATIC_REQUIRE(std::is_same_v<decltype(selected)::Impl::out_keys_t, tdn::out_keys<"out", "hidden_y">>);
+  auto selected = seq->select_out_keys<"out", nested_key<"hidden", "y">>();
+  STATIC_REQUIRE(std::is_same_v<decltype(selected)::Impl::out_keys_t, tdn::out_keys<"out", nested_key<"hidden", "y">>>);
   const auto sel_out = selected(td);
   STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(sel_out)>::schema_t,
-                                schema<leaf<"obs_a">, leaf<"obs_b">, leaf<"hidden_y">, leaf<"out">>>);
-  const auto sel_expected = load_memmap(dir + "select_out_keys_output");
-  CHECK(test::near_python(sel_out.get<"out">(), sel_expected.get("out")));
-  CHECK(test::near_python(sel_out.get<"hidden_y">(), sel_expected.get("hidden", "y")));
+                                schema<node<"obs", leaf<"a">, leaf<"b">>, leaf<"out">, node<"hidden", leaf<"y">>>>);
+  check_all(AnyTensorDict(sel_out), load_memmap(dir + "select_out_keys_output"));
   CHECK(tdn::unique_parameters(*selected).size() == tdn::unique_parameters(*seq).size());
   CHECK(from_module(selected).get<"module", "0", "module", "l1", "weight">().is_same(params.get<"module", "0", "module", "l1", "weight">()));
   CHECK(at::allclose(functional_call(selected, params, td).get<"out">(), sel_out.get<"out">()));
@@ -284,8 +294,8 @@ TEST_CASE("TensorDictSequential: keys computed at compile time, several out keys
   // A sequence inside a sequence: the same outputs, Python's nested names.
   using inner_t = tdn::TensorDictSequential<m0_t, m1_t>;
   tdn::TensorDictSequential<inner_t, m2_t> nested(inner_t(seq->child<0>(), seq->child<1>()), seq->child<2>());
-  STATIC_REQUIRE(std::is_same_v<decltype(nested)::Impl::in_keys_t, tdn::in_keys<"obs_a", "obs_b">>);
-  CHECK(test::near_python(nested(td).get<"out">(), expected.get("out")));
+  STATIC_REQUIRE(std::is_same_v<decltype(nested)::Impl::in_keys_t, tdn::in_keys<nested_key<"obs", "a">, nested_key<"obs", "b">>>);
+  check_all(AnyTensorDict(nested(td)), load_memmap(dir + "output"));
   CHECK(from_module(nested).flatten_keys().get<"module.0.module.0.module.l1.weight">().is_same(params.get<"module", "0", "module", "l1", "weight">()));
 
   // Gradients reach the parameters through functional_call.
@@ -323,6 +333,39 @@ std::vector<std::string> state_dict_names(const std::string& dir) {
   return out;
 }
 }  // namespace
+
+TEST_CASE("typed nested keys give tensordict 0.4's Gaussian policy, outputs and get_dist", "[tensordict_nn]") {
+  using tensordict::nested_key;
+  using mlp_t = tdn::Sequential<torch::nn::Linear, torch::nn::Tanh, torch::nn::Linear, torch::nn::Tanh, torch::nn::Linear>;
+  using net_t = tdn::TensorDictModule<mlp_t, tdn::in_keys<nested_key<"agents", "observation">>, tdn::out_keys<"param">>;
+  using extractor_t = tdn::TensorDictModule<tdn::NormalParamExtractor, tdn::in_keys<"param">, tdn::out_keys<"loc", "scale">>;
+  using head_t = tdn::ProbabilisticTensorDictModule<tdn::Normal, tdn::in_keys<"loc", "scale">,
+                                                    tdn::out_keys<nested_key<"agents", "action">>, tdn::log_prob_key<"sample_log_prob">>;
+  tdn::ProbabilisticTensorDictSequential<net_t, extractor_t, head_t> policy(
+      net_t(mlp_t(torch::nn::Linear(4, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32), torch::nn::Tanh(), torch::nn::Linear(32, 8))),
+      extractor_t(tdn::NormalParamExtractor()), head_t());
+  const auto dir = test::nn_fixture("gaussian_policy");
+  auto swap = to_module(python_params(policy, dir), policy);
+  using input_t = schema<node<"agents", leaf<"observation">>>;
+  const auto input = load_memmap(dir + "input").to_typed<input_t>();
+  for (const auto& [folder, type] : {std::pair{"output_mode", tdn::interaction_type::mode},
+                                     std::pair{"output_mean", tdn::interaction_type::mean}}) {
+    tdn::set_interaction_type guard(type);
+    const AnyTensorDict out(policy(input));
+    const auto expected = load_memmap(dir + folder);
+    INFO(folder);
+    CHECK(out.keys(true, true) == expected.keys(true, true));
+    for (const auto& k : expected.keys(true, true)) {
+      INFO(to_string(k));
+      CHECK(test::near_python(out.get(k), expected.get(k)));
+    }
+  }
+  const auto values = load_memmap(dir + "dist_values");
+  TensorDict<schema<node<"agents", leaf<"observation">, leaf<"action">>>> with_action(
+      {input.get<"agents", "observation">(), load_memmap(dir + "fixed_action").get("action")}, {5});
+  CHECK(test::near_python(policy->log_prob(with_action), values.get("log_prob")));
+  CHECK(test::near_python(policy->get_dist(input).entropy(), values.get("entropy")));
+}
 
 TEST_CASE("run-time twins with nested keys give tensordict 0.4's Gaussian and Independent(Normal) policies",
           "[tensordict_nn]") {

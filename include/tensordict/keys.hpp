@@ -79,6 +79,45 @@ constexpr auto join_keys() {
 template <key Separator, key... Keys>
 inline constexpr auto joined_key = detail::join_keys<Separator, Keys...>();
 
+// A nested key as one compile-time key, for the key lists of key-wired modules
+// (Python's ("agents", "observation")): `in_keys<"obs", nested_key<"agents",
+// "observation">>`. Its parts are joined by a separator no key holds (the
+// ASCII unit separator); key_parts splits it again.
+inline constexpr char nested_key_separator = '\x1f';
+template <key First, key... Rest>
+inline constexpr auto nested_key = joined_key<key<1>{"\x1f"}, First, Rest...>;
+
+namespace detail {
+template <key K>
+constexpr std::size_t key_part_count() {
+  std::size_t n = 1;
+  for (char c : K.view()) n += c == nested_key_separator;
+  return n;
+}
+// Where part I of K starts and ends.
+template <key K, std::size_t I>
+constexpr std::pair<std::size_t, std::size_t> key_part_bounds() {
+  const std::string_view v = K.view();
+  std::size_t begin = 0;
+  for (std::size_t part = 0; part < I; ++part) begin = v.find(nested_key_separator, begin) + 1;
+  const std::size_t end = v.find(nested_key_separator, begin);
+  return {begin, end == std::string_view::npos ? v.size() : end};
+}
+template <key K, std::size_t I>
+constexpr auto key_part() {
+  constexpr auto bounds = key_part_bounds<K, I>();
+  return make_key<bounds.second - bounds.first>(K.view().substr(bounds.first, bounds.second - bounds.first));
+}
+template <key K, class Indices = std::make_index_sequence<key_part_count<K>()>>
+struct key_parts_of;
+template <key K, std::size_t... I>
+struct key_parts_of<K, std::index_sequence<I...>> {
+  // Template<"agents", "observation"> for nested_key<"agents", "observation">; Template<K> for a plain key.
+  template <template <key...> class Template>
+  using apply = Template<key_part<K, I>()...>;
+};
+}  // namespace detail
+
 // Conversions to and from Boost.Hana's compile-time strings, so that keys can
 // take part in Hana algorithms (`hana::string<'w','e','i','g','h','t'>`).
 template <key K>
@@ -155,6 +194,10 @@ struct key_path_t {
   static constexpr std::array<std::string_view, sizeof...(Keys)> parts{Keys.view()...};
   static std::string describe() { return format_key_path(parts.data(), parts.size()); }
 };
+
+// The key path a key names: key_path_t<"agents", "observation"> for nested_key<"agents", "observation">.
+template <key K>
+using key_parts_t = typename detail::key_parts_of<K>::template apply<key_path_t>;
 
 inline std::string to_string(const key_path& path) { return format_key_path(path.begin(), path.size()); }
 

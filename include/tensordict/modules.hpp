@@ -38,7 +38,7 @@ template <key... Keys>
 struct out_keys {};
 
 namespace compile_error {
-template <key InKey, class Available>
+template <class InKey, class Available>
 struct tensordict_lacks_in_key {
   static_assert(::tensordict::compile_error::always_false<Available>,
                 "tensordict::nn::TensorDictModule: the TensorDict has no leaf for an in key (first in "
@@ -47,25 +47,69 @@ struct tensordict_lacks_in_key {
 }  // namespace compile_error
 
 namespace detail {
-// S with a leaf for each out key it does not have yet.
+// S with a leaf at the key path Path, and the sub-TensorDicts on the way, where it has none.
+template <class S, key... Path>
+struct with_leaf_at {
+  using type = S;  // a path through a leaf: left for get/set to report
+};
+template <class... Fields, key Name>
+struct with_leaf_at<schema<Fields...>, Name> {
+  using type = std::conditional_t<schema<Fields...>::find(Name.view()) == npos, schema<Fields..., leaf<Name>>, schema<Fields...>>;
+};
+template <class... Fields, key Name, key Next, key... Rest>
+struct with_leaf_at<schema<Fields...>, Name, Next, Rest...> {
+  template <class F>
+  using grown = std::conditional_t<F::name == Name, field<Name, typename with_leaf_at<typename F::type, Next, Rest...>::type>, F>;
+  using type = std::conditional_t<schema<Fields...>::find(Name.view()) == npos,
+                                  schema<Fields..., field<Name, typename with_leaf_at<schema<>, Next, Rest...>::type>>,
+                                  schema<grown<Fields>...>>;
+};
+template <class S>
+struct leaf_adder {
+  template <key... Path>
+  using type = typename with_leaf_at<S, Path...>::type;
+};
+
+// S with a leaf for each out key (a key, or a nested_key) it does not have yet.
 template <class S, key... Out>
 struct with_out_keys;
 template <class S>
 struct with_out_keys<S> {
   using type = S;
 };
-template <class... Fields, key First, key... Rest>
-struct with_out_keys<schema<Fields...>, First, Rest...> {
-  using grown = std::conditional_t<schema<Fields...>::find(First.view()) == npos, schema<Fields..., leaf<First>>,
-                                   schema<Fields...>>;
+template <class S, key First, key... Rest>
+struct with_out_keys<S, First, Rest...> {
+  using grown = typename ::tensordict::detail::key_parts_of<First>::template apply<leaf_adder<S>::template type>;
   using type = typename with_out_keys<grown, Rest...>::type;
 };
+
+// Whether S has a leaf or sub-tree at the path K names.
+template <class S>
+struct path_query {
+  template <key... Path>
+  struct has : std::bool_constant<has_path_v<S, Path...>> {};
+};
+template <class S, key K>
+inline constexpr bool has_key_v = ::tensordict::detail::key_parts_of<K>::template apply<path_query<S>::template has>::value;
+
+// td's value at the path K names, and setting it.
+template <key K, class TD>
+decltype(auto) get_key(const TD& td) {
+  return []<key... Path>(key_path_t<Path...>, const TD& t) -> decltype(auto) { return t.template get<Path...>(); }(
+      key_parts_t<K>{}, td);
+}
+template <key K, class TD>
+void set_key(TD& td, at::Tensor value) {
+  []<key... Path>(key_path_t<Path...>, TD& t, at::Tensor v) { t.template set<Path...>(std::move(v)); }(key_parts_t<K>{}, td,
+                                                                                                         std::move(value));
+}
 
 // A TensorDict of schema O (S grown by out keys) holding td's leaves, the out keys' not set yet.
 template <class O, class S>
 TensorDict<O> with_leaves_of(const TensorDict<S>& td, c10::IntArrayRef batch) {
+  constexpr auto& where = ::tensordict::detail::embedding<S, O>::leaves;
   std::array<at::Tensor, O::leaf_count> leaves;
-  for (std::size_t i = 0; i < S::leaf_count; ++i) leaves[i] = td.leaf(i);
+  for (std::size_t i = 0; i < S::leaf_count; ++i) leaves[where[i]] = td.leaf(i);
   return TensorDict<O>(std::move(leaves), batch, td.device());
 }
 
@@ -73,8 +117,9 @@ TensorDict<O> with_leaves_of(const TensorDict<S>& td, c10::IntArrayRef batch) {
 template <class S, key... In>
 constexpr void report_missing_in_keys() {
   auto one = []<key K>() {
-    if constexpr (S::find(K.view()) == npos)
-      ::tensordict::compile_error::report<::tensordict::nn::compile_error::tensordict_lacks_in_key<K, typename S::keys>>();
+    if constexpr (!has_key_v<S, K>)
+      ::tensordict::compile_error::report<
+          ::tensordict::nn::compile_error::tensordict_lacks_in_key<key_parts_t<K>, typename S::keys>>();
   };
   (one.template operator()<In>(), ...);
 }
@@ -104,7 +149,7 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
   // Reads the in keys, writes the out key; the result shares the input's tensors.
   template <class S>
   static constexpr bool has_in_keys() {
-    return (has_path_v<S, In> && ...);
+    return (detail::has_key_v<S, In> && ...);
   }
 
   template <class S>
@@ -113,7 +158,7 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
       check_in_keys<S>();  // reports the missing key; nothing more to compile
       return TensorDict<output_schema<S>>();
     } else {
-      return with_output(td, module->forward(td.template get<In>()...));
+      return with_output(td, module->forward(detail::get_key<In>(td)...));
     }
   }
 
@@ -132,7 +177,7 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
       at::Tensor* to = parts.data();
       detail::flatten_output(out, to);
       std::size_t k = 0;
-      (result.template set<Out>(parts[k++]), ...);
+      (detail::set_key<Out>(result, parts[k++]), ...);
     }
     return result;
   }
@@ -176,7 +221,7 @@ struct functional<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
     if constexpr (schema_of<Impl>::leaf_count == 0)
       return m.forward(td);
     else
-      return Impl::with_output(td, ::tensordict::functional_call(m.module, p.template get<"module">(), td.template get<In>()...));
+      return Impl::with_output(td, ::tensordict::functional_call(m.module, p.template get<"module">(), detail::get_key<In>(td)...));
   }
 };
 
@@ -234,9 +279,9 @@ struct ensemble_forward<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
     } else {
       const auto p = detail::wrapped_params(params);
       if (shared_batch.empty())
-        return Impl::with_output(td, functional_vmap(*m.module, p, {}, kwargs(kw<In>(td.template get<In>())...),
+        return Impl::with_output(td, functional_vmap(*m.module, p, {}, kwargs(kw<In>(detail::get_key<In>(td))...),
                                                      in_dims(in_dim_of<In>{0}...), o));
-      return Impl::with_output(td.expand(shared_batch), functional_vmap(*m.module, p, args(td.template get<In>()...), {}, {}, o),
+      return Impl::with_output(td.expand(shared_batch), functional_vmap(*m.module, p, args(detail::get_key<In>(td)...), {}, {}, o),
                                shared_batch);
     }
   }

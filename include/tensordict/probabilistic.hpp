@@ -263,7 +263,7 @@ class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, 
 
   template <class S>
   static constexpr bool has_in_keys() {
-    return (has_path_v<S, In> && ...);
+    return (detail::has_key_v<S, In> && ...);
   }
 
   // The distribution the in keys describe (Python's get_dist).
@@ -272,7 +272,7 @@ class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, 
     if constexpr (keys_fit && has_in_keys<S>()) {
       std::array<at::Tensor, sizeof...(In)> by_name;
       std::size_t i = 0;
-      ((by_name[wiring.first[i++]] = td.template get<In>()), ...);
+      ((by_name[wiring.first[i++]] = detail::get_key<In>(td)), ...);
       return traits::make(by_name, options.distribution, wiring.second);
     } else {
       check_in_keys<S>();
@@ -286,15 +286,15 @@ class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, 
     const auto dist = get_dist(td);
     const at::Tensor value = draw(dist, interaction());
     auto result = detail::with_leaves_of<output_schema<S>>(td, td.batch_size());
-    (result.template set<Out>(value), ...);
-    if constexpr (sizeof...(LogProb) == 1) (result.template set<LogProb>(dist.log_prob(value)), ...);
+    (detail::set_key<Out>(result, value), ...);
+    if constexpr (sizeof...(LogProb) == 1) (detail::set_key<LogProb>(result, dist.log_prob(value)), ...);
     return result;
   }
 
   // The log-probability of the value td holds at the out key (Python's log_prob).
   template <class S>
   at::Tensor log_prob(const TensorDict<S>& td) const {
-    return get_dist(td).log_prob(td.template get<Out...>());
+    return get_dist(td).log_prob(detail::get_key<Out...>(td));
   }
 
   template <class S>

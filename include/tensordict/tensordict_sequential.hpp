@@ -40,7 +40,7 @@
 namespace tensordict::nn {
 
 namespace compile_error {
-template <std::size_t ModuleIndex, key Key, class Available>
+template <std::size_t ModuleIndex, class Key, class Available>
 struct sequence_module_reads_unwritten_key {
   static_assert(::tensordict::compile_error::always_false<Available>,
                 "tensordict::nn::TensorDictSequential: a module reads a key that neither the input nor an earlier "
@@ -289,7 +289,7 @@ class TensorDictSequentialImpl : public torch::nn::Module {
  private:
   template <class S, key... K>
   static constexpr bool has_all(in_keys<K...>) {
-    return (has_path_v<S, K> && ...);
+    return (detail::has_key_v<S, K> && ...);
   }
 
   // Modules I to End - 1 on td.
@@ -316,9 +316,9 @@ class TensorDictSequentialImpl : public torch::nn::Module {
   }
   template <std::size_t I, key K, class S>
   static constexpr void report_one(bool& reported) {
-    if constexpr (!has_path_v<S, K>) {
+    if constexpr (!detail::has_key_v<S, K>) {
       if (!reported)
-        ::tensordict::compile_error::report<compile_error::sequence_module_reads_unwritten_key<I, K, typename S::keys>>();
+        ::tensordict::compile_error::report<compile_error::sequence_module_reads_unwritten_key<I, key_parts_t<K>, typename S::keys>>();
       reported = true;
     }
   }
@@ -456,33 +456,6 @@ struct touches_module<TensorDictSequentialImpl<Modules...>> : std::disjunction<t
 
 // ---- selected out keys --------------------------------------------------------------
 
-namespace detail {
-// Out keys of a sequence that its selection drops: neither selected nor in the input schema S.
-template <class S, class Written, key... Selected>
-struct dropped_keys;
-template <class S, key... Written, key... Selected>
-struct dropped_keys<S, out_keys<Written...>, Selected...> {
-  template <class List, key K>
-  using add = std::conditional_t<((K == Selected) || ...) || S::find(K.view()) != npos, List,
-                                 typename key_list_append<List, K>::type>;
-  template <class List, key... Rest>
-  struct fold {
-    using type = List;
-  };
-  template <class List, key First, key... Rest>
-  struct fold<List, First, Rest...> : fold<add<List, First>, Rest...> {};
-  using type = typename fold<out_keys<>, Written...>::type;
-};
-
-template <key... Dropped, class Full>
-auto without_keys(const Full& full, out_keys<Dropped...>) {
-  if constexpr (sizeof...(Dropped) == 0)
-    return full;
-  else
-    return full.template exclude<Dropped...>();
-}
-}  // namespace detail
-
 // A TensorDictSequential whose output keeps the input's keys and the selected
 // out keys (Python's select_out_keys / selected_out_keys). Its modules are
 // registered as the sequence's, under "module", so parameter names are unchanged.
@@ -495,10 +468,9 @@ class SelectedOutKeysImpl<Seq, out_keys<Selected...>> : public torch::nn::Module
   using sequence_impl = impl_of_t<Seq>;
   using in_keys_t = typename sequence_impl::in_keys_t;
   using out_keys_t = out_keys<Selected...>;
+  // The input schema and the selected keys, in that order (Python's select order).
   template <class S>
-  using output_schema = typename decltype(detail::without_keys(
-      std::declval<TensorDict<typename sequence_impl::template output_schema<S>>>(),
-      typename detail::dropped_keys<S, typename sequence_impl::out_keys_t, Selected...>::type{}))::schema_t;
+  using output_schema = typename detail::with_out_keys<S, Selected...>::type;
 
   explicit SelectedOutKeysImpl(Seq seq) : sequence(std::move(seq)) {
     (check_selected<Selected>(), ...);
@@ -523,10 +495,15 @@ class SelectedOutKeysImpl<Seq, out_keys<Selected...>> : public torch::nn::Module
     return sequence->log_prob(td);
   }
 
-  // The sequence's output for an input of schema S, less the keys not selected.
-  template <class S, class Full>
-  static auto select(const Full& full) {
-    return detail::without_keys(full, typename detail::dropped_keys<S, typename sequence_impl::out_keys_t, Selected...>::type{});
+  // The sequence's output for an input of schema S, less the keys not selected
+  // (an input key a module rewrote keeps the new value).
+  template <class S, class F>
+  static TensorDict<output_schema<S>> select(const TensorDict<F>& full) {
+    using O = output_schema<S>;
+    constexpr auto& where = ::tensordict::detail::embedding<O, F>::leaves;
+    std::array<at::Tensor, O::leaf_count> leaves;
+    for (std::size_t i = 0; i < O::leaf_count; ++i) leaves[i] = full.leaf(where[i]);
+    return TensorDict<O>(std::move(leaves), full.batch_size(), full.device());
   }
 
   Seq sequence;  // not registered itself: its modules are, below

@@ -1,5 +1,5 @@
 // Applying a TensorDictModule to a TensorDict without its in key.
-// expect: tensordict_lacks_in_key<tensordict::key<1>{"x"}, tensordict::compile_error::available_keys<tensordict::key<5>{"input"}> >
+// expect: tensordict_lacks_in_key<tensordict::key_path_t<tensordict::key<1>{"x"}>, tensordict::compile_error::available_keys<tensordict::key<5>{"input"}> >
 // expect: the TensorDict has no leaf for an in key
 #include <tensordict/modules.hpp>
 

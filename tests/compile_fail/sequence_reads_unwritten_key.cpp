@@ -1,14 +1,15 @@
-// A TensorDictSequential whose second module reads a key that nothing before it writes.
-// expect: sequence_module_reads_unwritten_key<1, tensordict::key<6>{"latent"}, tensordict::compile_error::available_keys<tensordict::key<3>{"obs"}, tensordict::key<6>{"hidden"}> >
+// A TensorDictSequential whose second module reads a (nested) key that nothing before it writes.
+// expect: sequence_module_reads_unwritten_key<1, tensordict::key_path_t<tensordict::key<6>{"agents"}, tensordict::key<6>{"latent"}>, tensordict::compile_error::available_keys<tensordict::key<3>{"obs"}, tensordict::key<6>{"agents"}> >
 // expect: a module reads a key that neither the input nor an earlier module writes
 #include <tensordict/tensordict_sequential.hpp>
 
 namespace tdn = tensordict::nn;
-using encoder_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"obs">, tdn::out_keys<"hidden">>;
+using tensordict::nested_key;
+using encoder_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"obs">, tdn::out_keys<nested_key<"agents", "hidden">>>;
 #ifdef TENSORDICT_COMPILE_FAIL
-using head_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"latent">, tdn::out_keys<"value">>;
+using head_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<nested_key<"agents", "latent">>, tdn::out_keys<"value">>;
 #else
-using head_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"hidden">, tdn::out_keys<"value">>;
+using head_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<nested_key<"agents", "hidden">>, tdn::out_keys<"value">>;
 #endif
 using policy_t = tdn::TensorDictSequential<encoder_t, head_t>;
 
