@@ -412,6 +412,47 @@ TEST_CASE("run-time twins with nested keys give tensordict 0.4's Gaussian and In
   }
 }
 
+TEST_CASE("as_any_module: a typed module in a run-time sequence, Python's names and outputs", "[tensordict_nn]") {
+  using tensordict::nested_key;
+  using mlp_t = tdn::Sequential<torch::nn::Linear, torch::nn::Tanh, torch::nn::Linear, torch::nn::Tanh, torch::nn::Linear>;
+  using net_t = tdn::TensorDictModule<mlp_t, tdn::in_keys<nested_key<"agents", "observation">>, tdn::out_keys<"param">>;
+  net_t net(mlp_t(torch::nn::Linear(4, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32), torch::nn::Tanh(), torch::nn::Linear(32, 8)));
+  auto erased = tdn::as_any_module(net);
+  CHECK(erased->in_keys() == std::vector<any_key_path>{{"agents", "observation"}});
+  CHECK(erased->out_keys() == std::vector<any_key_path>{{"param"}});
+  tdn::AnyTensorDictSequential policy(erased, tdn::AnyTensorDictModule(tdn::NormalParamExtractor(), {{"param"}}, {{"loc"}, {"scale"}}),
+                                      tdn::AnyProbabilisticTensorDictModule(tdn::distribution_builder::of<tdn::Normal>(),
+                                                                            {{"loc", {"loc"}}, {"scale", {"scale"}}}, {"agents", "action"},
+                                                                            {.log_prob_key = any_key_path{"sample_log_prob"}}));
+  const auto dir = test::nn_fixture("gaussian_policy");
+  CHECK(parameter_names(*policy) == state_dict_names(dir));
+  to_module_(load_memmap(dir + "params"), static_cast<torch::nn::Module&>(*policy));
+  CHECK(net->module->child<0>()->weight.equal(load_memmap(dir + "params").get("module", "0", "module", "0", "weight")));  // shared
+  const auto input = load_memmap(dir + "input");
+  const auto out = policy(input);
+  const auto expected = load_memmap(dir + "output_mode");
+  CHECK(out.keys(true, true) == expected.keys(true, true));
+  for (const auto& k : expected.keys(true, true)) CHECK(test::near_python(out.get(k), expected.get(k)));
+  CHECK(out.get("agents", "observation").is_same(input.get("agents", "observation")));
+  CHECK_THROWS_AS(erased(AnyTensorDict({5})), key_error);
+
+  // The other way: a run-time head in a typed sequence, its keys checked when it is made.
+  tdn::AnyProbabilisticTensorDictModule any_head(tdn::distribution_builder::of<tdn::Normal>(), {{"loc", {"loc"}}, {"scale", {"scale"}}},
+                                                 {"agents", "action"}, {.log_prob_key = any_key_path{"sample_log_prob"}});
+  using head_keys = tdn::out_keys<nested_key<"agents", "action">, "sample_log_prob">;
+  auto head = tdn::as_typed_module<tdn::in_keys<"loc", "scale">, head_keys>(any_head);
+  using extractor_t = tdn::TensorDictModule<tdn::NormalParamExtractor, tdn::in_keys<"param">, tdn::out_keys<"loc", "scale">>;
+  tdn::TensorDictSequential<net_t, extractor_t, decltype(head)> typed(net, extractor_t(tdn::NormalParamExtractor()), head);
+  STATIC_REQUIRE(std::is_same_v<decltype(typed)::Impl::out_keys_t,
+                                tdn::out_keys<"param", "loc", "scale", nested_key<"agents", "action">, "sample_log_prob">>);
+  const AnyTensorDict typed_out(typed(input.to_typed<schema<node<"agents", leaf<"observation">>>>()));
+  for (const auto& k : expected.keys(true, true)) CHECK(test::near_python(typed_out.get(k), expected.get(k)));
+  CHECK_THROWS_AS((tdn::as_typed_module<tdn::in_keys<"loc">, tdn::out_keys<"action">>(any_head)), value_error);
+  CHECK_THROWS_WITH((tdn::as_typed_module<tdn::in_keys<"loc">, tdn::out_keys<"action">>(any_head)),
+                    Contains("the module reads \"loc\", \"scale\" and writes (\"agents\", \"action\"), \"sample_log_prob\"; "
+                             "the typed keys say it reads \"loc\" and writes \"action\""));
+}
+
 TEST_CASE("run-time twins: the sequential_keys fixture with its nested keys, select_subsequence, and errors",
           "[tensordict_nn]") {
   const auto dir = test::nn_fixture("sequential_keys");

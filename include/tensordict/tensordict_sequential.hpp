@@ -698,6 +698,138 @@ class AnyTensorDictSequential : public torch::nn::ModuleHolder<AnyTensorDictSequ
   AnyTensorDict operator()(const AnyTensorDict& td) const { return this->ptr()->forward(td); }
 };
 
+// ---- typed to run-time -------------------------------------------------------------
+
+namespace detail {
+template <template <key...> class List, key... K>
+std::vector<any_key_path> key_paths(List<K...>) {
+  std::vector<any_key_path> out;
+  auto add = [&]<key... Parts>(key_path_t<Parts...>) { out.push_back({std::string(Parts.view())...}); };
+  (add(key_parts_t<K>{}), ...);
+  return out;
+}
+template <class In>
+struct schema_of_keys;
+template <key... K>
+struct schema_of_keys<in_keys<K...>> : with_out_keys<schema<>, K...> {};
+}  // namespace detail
+
+// A typed key-wired module (TensorDictModule, ProbabilisticTensorDictModule,
+// TensorDictSequential, SelectedOutKeys) as a run-time one, to be placed in an
+// AnyTensorDictSequential: it reads its in keys from an AnyTensorDict (a
+// key_error names a missing one) and writes its outputs into a copy of it. Its
+// modules are registered under the typed module's names, so parameter names
+// do not change; the typed module is shared, not copied.
+//   tdn::AnyTensorDictSequential policy(tdn::as_any_module(typed_actor), tdn::AnyTensorDictModule(...));
+template <class Holder>
+class ErasedTensorDictModuleImpl : public AnyTensorDictModuleBase {
+  using impl = typename Holder::Impl;
+
+ public:
+  explicit ErasedTensorDictModuleImpl(Holder typed)
+      : AnyTensorDictModuleBase(detail::key_paths(typename impl::in_keys_t{}), detail::key_paths(typename impl::out_keys_t{})),
+        typed_(std::move(typed)) {
+    for (const auto& child : typed_->named_children()) register_module(child.key(), child.value());
+  }
+
+  AnyTensorDict forward(const AnyTensorDict& td) override {
+    check_in_keys(td, "tensordict::nn::as_any_module(" + typed_->name() + ")");
+    using S = typename detail::schema_of_keys<typename impl::in_keys_t>::type;
+    const AnyTensorDict out(typed_->forward(td.select(in_keys_).template to_typed<S>()));
+    AnyTensorDict result = td.exclude({});
+    out.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) { result.set(path, t); });
+    return result;
+  }
+
+  const Holder& typed() const { return typed_; }
+
+ private:
+  Holder typed_;
+};
+
+template <class Holder>
+class ErasedTensorDictModule : public torch::nn::ModuleHolder<ErasedTensorDictModuleImpl<Holder>> {
+ public:
+  using torch::nn::ModuleHolder<ErasedTensorDictModuleImpl<Holder>>::ModuleHolder;
+  AnyTensorDict operator()(const AnyTensorDict& td) const { return this->ptr()->forward(td); }
+};
+
+template <class Holder>
+  requires requires { typename Holder::Impl::in_keys_t; typename Holder::Impl::out_keys_t; }
+ErasedTensorDictModule<Holder> as_any_module(Holder typed) {
+  return ErasedTensorDictModule<Holder>(std::make_shared<ErasedTensorDictModuleImpl<Holder>>(std::move(typed)));
+}
+
+// ---- run-time to typed -------------------------------------------------------------
+
+// A run-time key-wired module (AnyTensorDictModule, AnyProbabilisticTensorDictModule,
+// AnyTensorDictSequential, ...) as a typed one with the given keys, to be placed
+// in a TensorDictSequential: its keys are checked against the module's when it
+// is made (value_error naming both lists), and its output against the output
+// schema at each call (to_typed's errors). The module is shared, registered as
+// "module" (its tensors are named at run time, so a typed sequence holding one
+// has no from_module / functional_call; the run-time sequence has).
+//   auto head = tdn::as_typed_module<tdn::in_keys<"loc", "scale">, tdn::out_keys<"action">>(any_head);
+template <class In, class Out>
+class TypedTensorDictModuleImpl;
+
+template <key... In, key... Out>
+class TypedTensorDictModuleImpl<in_keys<In...>, out_keys<Out...>> : public torch::nn::Module {
+ public:
+  using in_keys_t = in_keys<In...>;
+  using out_keys_t = out_keys<Out...>;
+  template <class S>
+  using output_schema = typename detail::with_out_keys<S, Out...>::type;
+
+  explicit TypedTensorDictModuleImpl(std::shared_ptr<AnyTensorDictModuleBase> any) {
+    if (!any) throw value_error("tensordict::nn::as_typed_module: the module is empty");
+    const auto in = detail::key_paths(in_keys_t{}), out = detail::key_paths(out_keys_t{});
+    if (any->in_keys() != in || any->out_keys() != out)
+      throw value_error("tensordict::nn::as_typed_module: the module reads " + detail::listed_paths(any->in_keys()) +
+                        " and writes " + detail::listed_paths(any->out_keys()) + "; the typed keys say it reads " +
+                        detail::listed_paths(in) + " and writes " + detail::listed_paths(out));
+    module = register_module("module", std::move(any));
+  }
+
+  template <class S>
+  static constexpr bool has_in_keys() {
+    return (detail::has_key_v<S, In> && ...);
+  }
+  template <class S>
+  static constexpr void check_in_keys() {
+    detail::report_missing_in_keys<S, In...>();
+  }
+
+  template <class S>
+  TensorDict<output_schema<S>> forward(const TensorDict<S>& td) {
+    if constexpr (!has_in_keys<S>()) {
+      check_in_keys<S>();
+      return {};
+    } else {
+      return module->forward(AnyTensorDict(td)).template to_typed<output_schema<S>>();
+    }
+  }
+
+  std::shared_ptr<AnyTensorDictModuleBase> module;
+};
+
+template <class In, class Out>
+class TypedTensorDictModule : public torch::nn::ModuleHolder<TypedTensorDictModuleImpl<In, Out>> {
+ public:
+  using Impl = TypedTensorDictModuleImpl<In, Out>;
+  using torch::nn::ModuleHolder<Impl>::ModuleHolder;
+  template <class S>
+  auto operator()(const TensorDict<S>& td) const {
+    return this->ptr()->forward(td);
+  }
+};
+
+template <class In, class Out, class AnyHolder>
+  requires std::is_base_of_v<AnyTensorDictModuleBase, typename AnyHolder::ContainedType>
+TypedTensorDictModule<In, Out> as_typed_module(AnyHolder any) {
+  return TypedTensorDictModule<In, Out>(std::make_shared<TypedTensorDictModuleImpl<In, Out>>(any.ptr()));
+}
+
 inline AnyTensorDictSequential AnyTensorDictSequentialImpl::select_subsequence(std::optional<std::vector<any_key_path>> in,
                                                                                std::optional<std::vector<any_key_path>> out) const {
   std::vector<any_key_path> available = in.value_or(in_keys_), wanted = out.value_or(out_keys_);
