@@ -298,6 +298,10 @@ TEST_CASE("TensorDictSequential: nested keys, keys computed at compile time, sev
   check_all(AnyTensorDict(nested(td)), load_memmap(dir + "output"));
   CHECK(from_module(nested).flatten_keys().get<"module.0.module.0.module.l1.weight">().is_same(params.get<"module", "0", "module", "l1", "weight">()));
 
+  // As a TensorDictParams (Python's TensorDictParams(TensorDict.from_module(seq))): the same tensors, Python's names.
+  const auto as_params = from_module(seq, tdn::as_module);
+  CHECK(as_params->named_parameters()["module.0.module.l1.weight"].is_same(params.get<"module", "0", "module", "l1", "weight">()));
+
   // Gradients reach the parameters through functional_call.
   auto trained = from_module(seq).apply([](const at::Tensor& t) { return t.detach().clone().requires_grad_(); });
   const auto y = functional_call(seq, trained, td).get<"out">();
