@@ -36,6 +36,15 @@ namespace {
 
 using loc_scale = schema<leaf<"loc">, leaf<"scale">>;
 
+// Every key of Python's output, in its order, with its shape, dtype and value (1e-6 relative).
+void check_matches_python(const AnyTensorDict& ours, const AnyTensorDict& python) {
+  CHECK(ours.keys(true, true) == python.keys(true, true));
+  for (const auto& k : python.keys(true, true)) {
+    INFO(to_string(k));
+    CHECK(test::near_python(ours.get(k), python.get(k)));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("ProbabilisticTensorDictModule writes tensordict 0.4's action and sample_log_prob", "[tensordict_nn]") {
@@ -249,36 +258,28 @@ TEST_CASE("TensorDictSequential: nested keys, keys computed at compile time, sev
   using obs = schema<node<"obs", leaf<"a">, leaf<"b">>>;
   TensorDict<obs> td({input.get("obs", "a"), input.get("obs", "b")}, {5});
 
-  // Every key, shape, dtype and value of Python's output; the output schema is the compiler's.
-  auto check_all = [](const AnyTensorDict& out, const AnyTensorDict& expected) {
-    CHECK(out.keys(true, true) == expected.keys(true, true));
-    for (const auto& k : expected.keys(true, true)) {
-      INFO(to_string(k));
-      CHECK(test::near_python(out.get(k), expected.get(k)));
-    }
-  };
   const auto out = seq(td);
   STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(out)>::schema_t,
                                 schema<node<"obs", leaf<"a">, leaf<"b">>, node<"hidden", leaf<"x">, leaf<"y">>,
                                        node<"other", leaf<"z">>, leaf<"out">>>);
-  check_all(AnyTensorDict(out), load_memmap(dir + "output"));
+  check_matches_python(AnyTensorDict(out), load_memmap(dir + "output"));
   CHECK(out.get<"obs", "a">().is_same(td.get<"obs", "a">()));
 
   // (a) out_keys=[hidden.y]: the first module alone, shared with the sequence.
   auto sub_a = seq->select_subsequence<void, tdn::out_keys<nested_key<"hidden", "y">>>();
   STATIC_REQUIRE(std::is_same_v<decltype(sub_a), tdn::TensorDictSequential<m0_t>>);
   CHECK(sub_a->child<0>().get() == seq->child<0>().get());
-  check_all(AnyTensorDict(sub_a(td)), load_memmap(dir + "subseq_a_output"));
+  check_matches_python(AnyTensorDict(sub_a(td)), load_memmap(dir + "subseq_a_output"));
   // (b) in_keys=[obs.b, hidden.x], out_keys=[out]: the second and third.
   auto sub_b = seq->select_subsequence<tdn::in_keys<nested_key<"obs", "b">, nested_key<"hidden", "x">>, tdn::out_keys<"out">>();
   STATIC_REQUIRE(std::is_same_v<decltype(sub_b), tdn::TensorDictSequential<m1_t, m2_t>>);
   const auto b_input = load_memmap(dir + "subseq_b_input");
   using b_schema = schema<node<"obs", leaf<"b">>, node<"hidden", leaf<"x">>>;
-  check_all(AnyTensorDict(sub_b(b_input.to_typed<b_schema>())), load_memmap(dir + "subseq_b_output"));
+  check_matches_python(AnyTensorDict(sub_b(b_input.to_typed<b_schema>())), load_memmap(dir + "subseq_b_output"));
   // (c) in_keys=[obs.b]: the second alone.
   auto sub_c = seq->select_subsequence<tdn::in_keys<nested_key<"obs", "b">>>();
   STATIC_REQUIRE(std::is_same_v<decltype(sub_c), tdn::TensorDictSequential<m1_t>>);
-  check_all(AnyTensorDict(sub_c(td)), load_memmap(dir + "subseq_c_output"));
+  check_matches_python(AnyTensorDict(sub_c(td)), load_memmap(dir + "subseq_c_output"));
 
   // select_out_keys: the input's keys and the selected out keys (Python's select_out_keys_output).
   auto selected = seq->select_out_keys<"out", nested_key<"hidden", "y">>();
@@ -286,7 +287,7 @@ TEST_CASE("TensorDictSequential: nested keys, keys computed at compile time, sev
   const auto sel_out = selected(td);
   STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(sel_out)>::schema_t,
                                 schema<node<"obs", leaf<"a">, leaf<"b">>, leaf<"out">, node<"hidden", leaf<"y">>>>);
-  check_all(AnyTensorDict(sel_out), load_memmap(dir + "select_out_keys_output"));
+  check_matches_python(AnyTensorDict(sel_out), load_memmap(dir + "select_out_keys_output"));
   CHECK(tdn::unique_parameters(*selected).size() == tdn::unique_parameters(*seq).size());
   CHECK(from_module(selected).get<"module", "0", "module", "l1", "weight">().is_same(params.get<"module", "0", "module", "l1", "weight">()));
   CHECK(at::allclose(functional_call(selected, params, td).get<"out">(), sel_out.get<"out">()));
@@ -295,7 +296,7 @@ TEST_CASE("TensorDictSequential: nested keys, keys computed at compile time, sev
   using inner_t = tdn::TensorDictSequential<m0_t, m1_t>;
   tdn::TensorDictSequential<inner_t, m2_t> nested(inner_t(seq->child<0>(), seq->child<1>()), seq->child<2>());
   STATIC_REQUIRE(std::is_same_v<decltype(nested)::Impl::in_keys_t, tdn::in_keys<nested_key<"obs", "a">, nested_key<"obs", "b">>>);
-  check_all(AnyTensorDict(nested(td)), load_memmap(dir + "output"));
+  check_matches_python(AnyTensorDict(nested(td)), load_memmap(dir + "output"));
   CHECK(from_module(nested).flatten_keys().get<"module.0.module.0.module.l1.weight">().is_same(params.get<"module", "0", "module", "l1", "weight">()));
 
   // As a TensorDictParams (Python's TensorDictParams(TensorDict.from_module(seq))): the same tensors, Python's names.
@@ -355,14 +356,8 @@ TEST_CASE("typed nested keys give tensordict 0.4's Gaussian policy, outputs and 
   for (const auto& [folder, type] : {std::pair{"output_mode", tdn::interaction_type::mode},
                                      std::pair{"output_mean", tdn::interaction_type::mean}}) {
     tdn::set_interaction_type guard(type);
-    const AnyTensorDict out(policy(input));
-    const auto expected = load_memmap(dir + folder);
     INFO(folder);
-    CHECK(out.keys(true, true) == expected.keys(true, true));
-    for (const auto& k : expected.keys(true, true)) {
-      INFO(to_string(k));
-      CHECK(test::near_python(out.get(k), expected.get(k)));
-    }
+    check_matches_python(AnyTensorDict(policy(input)), load_memmap(dir + folder));
   }
   const auto values = load_memmap(dir + "dist_values");
   TensorDict<schema<node<"agents", leaf<"observation">, leaf<"action">>>> with_action(
@@ -393,14 +388,8 @@ TEST_CASE("run-time twins with nested keys give tensordict 0.4's Gaussian and In
     for (const auto& [folder, type] : {std::pair{"output_mode", tdn::interaction_type::mode},
                                        std::pair{"output_mean", tdn::interaction_type::mean}}) {
       tdn::set_interaction_type guard(type);
-      const auto out = policy(input);
-      const auto expected = load_memmap(dir + folder);
       INFO(folder);
-      CHECK(out.keys(true, true) == expected.keys(true, true));
-      for (const auto& k : expected.keys(true, true)) {
-        INFO(to_string(k));
-        CHECK(test::near_python(out.get(k), expected.get(k)));
-      }
+      check_matches_python(policy(input), load_memmap(dir + folder));
     }
     CHECK_FALSE(input.contains("param"));  // the input is not written
 
@@ -435,8 +424,7 @@ TEST_CASE("as_any_module: a typed module in a run-time sequence, Python's names 
   const auto input = load_memmap(dir + "input");
   const auto out = policy(input);
   const auto expected = load_memmap(dir + "output_mode");
-  CHECK(out.keys(true, true) == expected.keys(true, true));
-  for (const auto& k : expected.keys(true, true)) CHECK(test::near_python(out.get(k), expected.get(k)));
+  check_matches_python(out, expected);
   CHECK(out.get("agents", "observation").is_same(input.get("agents", "observation")));
   CHECK_THROWS_AS(erased(AnyTensorDict({5})), key_error);
 
@@ -450,7 +438,7 @@ TEST_CASE("as_any_module: a typed module in a run-time sequence, Python's names 
   STATIC_REQUIRE(std::is_same_v<decltype(typed)::Impl::out_keys_t,
                                 tdn::out_keys<"param", "loc", "scale", nested_key<"agents", "action">, "sample_log_prob">>);
   const AnyTensorDict typed_out(typed(input.to_typed<schema<node<"agents", leaf<"observation">>>>()));
-  for (const auto& k : expected.keys(true, true)) CHECK(test::near_python(typed_out.get(k), expected.get(k)));
+  check_matches_python(typed_out, expected);
   CHECK_THROWS_AS((tdn::as_typed_module<tdn::in_keys<"loc">, tdn::out_keys<"action">>(any_head)), value_error);
   CHECK_THROWS_WITH((tdn::as_typed_module<tdn::in_keys<"loc">, tdn::out_keys<"action">>(any_head)),
                     Contains("the module reads \"loc\", \"scale\" and writes (\"agents\", \"action\"), \"sample_log_prob\"; "
@@ -467,23 +455,16 @@ TEST_CASE("run-time twins: the sequential_keys fixture with its nested keys, sel
   CHECK(parameter_names(*seq) == state_dict_names(dir));
   auto swap = to_module(load_memmap(dir + "params"), static_cast<torch::nn::Module&>(*seq));
   const auto input = load_memmap(dir + "input");
-  auto check_all = [](const AnyTensorDict& out, const AnyTensorDict& expected) {
-    CHECK(out.keys(true, true) == expected.keys(true, true));
-    for (const auto& k : expected.keys(true, true)) {
-      INFO(to_string(k));
-      CHECK(test::near_python(out.get(k), expected.get(k)));
-    }
-  };
-  check_all(seq(input), load_memmap(dir + "output"));
+  check_matches_python(seq(input), load_memmap(dir + "output"));
   const auto sub_a = seq->select_subsequence(std::nullopt, std::vector<any_key_path>{{"hidden", "y"}});
   CHECK(sub_a->size() == 1);
   CHECK(sub_a->child(0).get() == m0.get());
-  check_all(sub_a(input), load_memmap(dir + "subseq_a_output"));
+  check_matches_python(sub_a(input), load_memmap(dir + "subseq_a_output"));
   const auto sub_b = seq->select_subsequence(std::vector<any_key_path>{{"obs", "b"}, {"hidden", "x"}},
                                              std::vector<any_key_path>{{"out"}});
   CHECK(sub_b->size() == 2);
-  check_all(sub_b(load_memmap(dir + "subseq_b_input")), load_memmap(dir + "subseq_b_output"));
-  check_all(seq->select_subsequence(std::vector<any_key_path>{{"obs", "b"}})(input), load_memmap(dir + "subseq_c_output"));
+  check_matches_python(sub_b(load_memmap(dir + "subseq_b_input")), load_memmap(dir + "subseq_b_output"));
+  check_matches_python(seq->select_subsequence(std::vector<any_key_path>{{"obs", "b"}})(input), load_memmap(dir + "subseq_c_output"));
 
   // Errors: before any module runs, naming the module, the key and what could be read.
   tdn::AnyTensorDictSequential miswired(m0, m2);
@@ -504,7 +485,7 @@ TEST_CASE("run-time twins: the sequential_keys fixture with its nested keys, sel
   for (const auto& k : sel_expected.keys(true, true)) CHECK(test::near_python(selected.get(k), sel_expected.get(k)));
   CHECK_THROWS_WITH(seq->select_out_keys({{"obs", "a"}}), Contains("no module writes (\"obs\", \"a\")"));
   seq->reset_out_keys();
-  check_all(seq(input), load_memmap(dir + "output"));
+  check_matches_python(seq(input), load_memmap(dir + "output"));
   CHECK_THROWS_AS(seq->get_dist(input), value_error);
   CHECK_THROWS_WITH(seq->get_dist(input), Contains("get_dist and log_prob need a probabilistic last module"));
   CHECK_THROWS_AS(tdn::AnyProbabilisticTensorDictModule(tdn::distribution_builder::of<tdn::Normal>(),
