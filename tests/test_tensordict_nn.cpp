@@ -561,7 +561,7 @@ TEST_CASE("EnsembleModule over a TensorDictSequential policy: every module over 
   const auto vmapped = tdn::functional_vmap(policy, p, td);
   CHECK(vmapped.batch_size() == c10::IntArrayRef{3, 5});
   CHECK(at::allclose(vmapped.get<"sample_log_prob">(), out.get<"sample_log_prob">()));
-  CHECK_THROWS_WITH(tdn::functional_vmap(policy, p, td, 0), Contains("batch dim 0 must be the number of sets 3"));
+  CHECK_THROWS_WITH(tdn::functional_vmap(policy, p, td, 0), Contains("batch dim 0 must index the 3 sets"));
 
   // Gradients reach every copy's parameters through the distribution's log-prob.
   out.get<"sample_log_prob">().sum().backward();

@@ -287,6 +287,24 @@ struct ensemble_forward<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
   }
 };
 
+namespace detail {
+// impl once per set of params (n of them) on td: shared by every set (the
+// result's batch size [n, *td's]), or mapped (td's batch dim 0 indexes the sets).
+template <class Impl, class P, class S>
+auto forward_over_sets(Impl& impl, const P& params, std::int64_t n, const TensorDict<S>& td, bool mapped,
+                       const functional_vmap_options& o, const std::string& who) {
+  if (mapped) {
+    if (td.batch_dims() == 0 || td.batch_size()[0] != n)
+      throw value_error(who + ": the input's batch dim 0 must index the " + std::to_string(n) + " sets (num_copies=" +
+                        std::to_string(n) + "), got batch_size=" + format_sizes(td.batch_size()));
+    return ensemble_forward<Impl>::forward(impl, params, td, o, {});
+  }
+  std::vector<std::int64_t> batch{n};
+  batch.insert(batch.end(), td.batch_size().begin(), td.batch_size().end());
+  return ensemble_forward<Impl>::forward(impl, params, td, o, batch);
+}
+}  // namespace detail
+
 // functional_vmap over a key-wired module (a TensorDictModule, a
 // TensorDictSequential, a probabilistic module): Python's
 // vmap(module, (None, 0))(td, params) with td shared by every set, or, with
@@ -305,17 +323,8 @@ auto functional_vmap(Module&& module, const TensorDict<P>& params, const TensorD
   if (td_in_dim && *td_in_dim != 0)
     throw value_error("tensordict::nn::functional_vmap: a TensorDict is mapped over its batch dim 0 or shared, got in_dim " +
                       std::to_string(*td_in_dim));
-  const std::int64_t n = params.batch_size()[0];
-  Impl& impl = ::tensordict::detail::impl_ref(module);
-  if (td_in_dim) {
-    if (td.batch_dims() == 0 || td.batch_size()[0] != n)
-      throw value_error("tensordict::nn::functional_vmap: the TensorDict's batch dim 0 must be the number of sets " +
-                        std::to_string(n) + ", got batch_size=" + format_sizes(td.batch_size()));
-    return ensemble_forward<Impl>::forward(impl, ::tensordict::detail::as_module_params<Impl>(params), td, options, {});
-  }
-  std::vector<std::int64_t> batch{n};
-  batch.insert(batch.end(), td.batch_size().begin(), td.batch_size().end());
-  return ensemble_forward<Impl>::forward(impl, ::tensordict::detail::as_module_params<Impl>(params), td, options, batch);
+  return detail::forward_over_sets(::tensordict::detail::impl_ref(module), ::tensordict::detail::as_module_params<Impl>(params),
+                                   params.batch_size()[0], td, td_in_dim.has_value(), options, "tensordict::nn::functional_vmap");
 }
 
 // ---- EnsembleModule ----------------------------------------------------------------
@@ -389,17 +398,8 @@ class EnsembleModuleImpl : public torch::nn::Module {
  private:
   template <class S>
   auto forward_checked(const TensorDict<S>& td) {
-    const std::int64_t n = num_copies();
-    const functional_vmap_options o{.randomness = options_.randomness};
-    if (options_.expand_input) {
-      std::vector<std::int64_t> batch{n};
-      batch.insert(batch.end(), td.batch_size().begin(), td.batch_size().end());
-      return ensemble_forward<member_impl>::forward(*module, params_td->tensordict(), td, o, batch);
-    }
-    if (td.batch_dims() == 0 || td.batch_size()[0] != n)
-      throw value_error("EnsembleModule(expand_input=false): the input's first batch dim must be num_copies=" +
-                        std::to_string(n) + ", got batch_size=" + format_sizes(td.batch_size()));
-    return ensemble_forward<member_impl>::forward(*module, params_td->tensordict(), td, o, {});
+    return detail::forward_over_sets(*module, params_td->tensordict(), num_copies(), td, !options_.expand_input,
+                                     {.randomness = options_.randomness}, "EnsembleModule(expand_input=false)");
   }
 
   ensemble_options options_;
