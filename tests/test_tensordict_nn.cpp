@@ -653,4 +653,26 @@ TEST_CASE("CompositeProbabilisticTensorDictModule writes every head's value and 
     CHECK_FALSE(head(td).get("move").equal(out.get("move")));
   }
   CHECK_THROWS_AS(head(AnyTensorDict({3})), key_error);
+
+  // In a typed policy: a network writes every head's parameters under ("params", head, name), and the
+  // composite head, made typed by as_typed_module, writes the actions.
+  using tensordict::nested_key;
+  struct Heads : torch::nn::Module {
+    std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x) {
+      return {x.narrow(-1, 0, 2), x.narrow(-1, 2, 2).exp(), x.narrow(-1, 4, 4)};
+    }
+  };
+  using net_t = tdn::TensorDictModule<std::shared_ptr<Heads>, tdn::in_keys<"obs">,
+                                      tdn::out_keys<nested_key<"params", "move", "loc">, nested_key<"params", "move", "scale">,
+                                                    nested_key<"params", "grip", "logits">>>;
+  auto typed_head = tdn::as_typed_module<tdn::in_keys<"params">,
+                                         tdn::out_keys<"move", "grip", "move_log_prob", "grip_log_prob", "sample_log_prob">>(head);
+  tdn::TensorDictSequential<net_t, decltype(typed_head)> policy(net_t(std::make_shared<Heads>()), typed_head);
+  TensorDict<schema<leaf<"obs">>> obs({at::randn({3, 8})}, {3});
+  const auto acted = policy(obs);
+  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(acted)>::schema_t,
+                                schema<leaf<"obs">, node<"params", node<"move", leaf<"loc">, leaf<"scale">>, node<"grip", leaf<"logits">>>,
+                                       leaf<"move">, leaf<"grip">, leaf<"move_log_prob">, leaf<"grip_log_prob">, leaf<"sample_log_prob">>>);
+  CHECK(acted.get<"move">().equal(obs.get<"obs">().narrow(-1, 0, 2)));
+  CHECK(acted.get<"grip">().equal(obs.get<"obs">().narrow(-1, 4, 4).argmax(-1)));
 }
