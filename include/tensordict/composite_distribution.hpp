@@ -45,6 +45,14 @@ namespace tensordict::nn {
 // Head name → how its distribution is built from its parameters' names.
 using distribution_map = std::vector<std::pair<any_key_path, distribution_builder>>;
 
+namespace detail {
+// Python's _add_suffix: ("grip", "open") with "_log_prob" is ("grip", "open_log_prob").
+inline any_key_path suffixed(any_key_path head, const std::string& suffix) {
+  head.back() += suffix;
+  return head;
+}
+}  // namespace detail
+
 class CompositeDistribution {
  public:
   // params[head] holds each head's parameters by their names ("loc", "scale";
@@ -133,9 +141,7 @@ class CompositeDistribution {
     at::Tensor total;
     for (const auto& [k, d] : heads_) {
       at::Tensor v = f(*d, k);
-      any_key_path name = k;
-      name.back() += suffix;
-      out.set(name, v);
+      out.set(detail::suffixed(k, suffix), v);
       while (v.dim() > dims) v = v.sum(-1);
       total = total.defined() ? total + v : v;
     }
@@ -193,10 +199,7 @@ class CompositeProbabilisticTensorDictModuleImpl : public AnyTensorDictModuleBas
     std::vector<any_key_path> out;
     for (const auto& [head, builder] : distributions) out.push_back(head);
     if (o.return_log_prob) {
-      for (const auto& [head, builder] : distributions) {
-        out.push_back(head);
-        out.back().back() += "_log_prob";
-      }
+      for (const auto& [head, builder] : distributions) out.push_back(detail::suffixed(head, "_log_prob"));
       out.push_back({"sample_log_prob"});
     }
     return out;

@@ -737,8 +737,7 @@ class ErasedTensorDictModuleImpl : public AnyTensorDictModuleBase {
     using S = typename detail::schema_of_keys<typename impl::in_keys_t>::type;
     const AnyTensorDict out(typed_->forward(td.select(in_keys_).template to_typed<S>()));
     AnyTensorDict result = td.exclude({});
-    out.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) { result.set(path, t); });
-    return result;
+    return result.update(out);
   }
 
   const Holder& typed() const { return typed_; }
