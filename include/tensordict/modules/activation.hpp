@@ -19,7 +19,7 @@ namespace detail {
 using activation_family = type_list<torch::nn::PReLUImpl>;
 }  // namespace detail
 
-TENSORDICT_DETAIL_TENSORS(torch::nn::PReLUImpl, TENSORDICT_DETAIL_TENSOR(torch::nn::PReLUImpl, weight))
+TENSORDICT_MODULE_MEMBERS(torch::nn::PReLUImpl, TENSORDICT_MEMBER(torch::nn::PReLUImpl, weight))
 
 template <>
 struct functional<torch::nn::PReLUImpl> {

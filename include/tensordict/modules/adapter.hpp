@@ -249,17 +249,20 @@ struct concat_lists<type_list<A...>, type_list<B...>, Rest...> {
 };
 }  // namespace detail
 
-// The built-in adapters describe their types with these (a type's members,
-// then its weight and bias; not for user code: use TENSORDICT_MODULE).
-#define TENSORDICT_DETAIL_TENSORS(Impl, ...) \
+// Names a module type's members with getters (the built-in adapters use it;
+// TENSORDICT_MODULE does the same for a type whose members are its public
+// fields, through Hana). In namespace tensordict::nn:
+//   TENSORDICT_MODULE_MEMBERS(MyImpl, TENSORDICT_MEMBER(MyImpl, weight), member<"scale", MyScaleGetter>)
+//   TENSORDICT_MODULE_MEMBERS(MyPoolImpl)   // a type without tensors: an empty schema
+#define TENSORDICT_MODULE_MEMBERS(Impl, ...) \
   template <>                                \
   struct module_traits<Impl> {               \
     using members = member_list<__VA_ARGS__>; \
   };
-#define TENSORDICT_DETAIL_TENSOR(Impl, name) member<#name, member_pointer<&Impl::name>>
+#define TENSORDICT_MEMBER(Impl, name) member<#name, member_pointer<&Impl::name>>
 
-#define TENSORDICT_DETAIL_WEIGHT_BIAS(Impl) \
-  TENSORDICT_DETAIL_TENSORS(Impl, TENSORDICT_DETAIL_TENSOR(Impl, weight), TENSORDICT_DETAIL_TENSOR(Impl, bias))
+#define TENSORDICT_MODULE_WEIGHT_BIAS(Impl) \
+  TENSORDICT_MODULE_MEMBERS(Impl, TENSORDICT_MEMBER(Impl, weight), TENSORDICT_MEMBER(Impl, bias))
 
 // The module type behind a holder, a shared_ptr or a module itself.
 // The types whose structure is only known at run time: their functional
@@ -307,6 +310,7 @@ template <class Impl>
 struct functional<Impl> {
   static constexpr bool is_functional = true;
   template <class... Args>
+    requires requires(Impl& m, Args&&... args) { m.forward(std::forward<Args>(args)...); }
   static auto forward(Impl& m, const TensorDict<schema<>>&, Args&&... args) {
     return m.forward(std::forward<Args>(args)...);
   }
@@ -383,7 +387,9 @@ concept has_stacked_form =
       { batched<Impl>::forward(m, p, x, ctx) } -> std::convertible_to<stacked>;
     };
 
-namespace detail {
+// ---- helpers for batched forms ------------------------------------------------
+
+// A value with its sets in front: a shared one expanded (a view, no copy).
 inline at::Tensor expand_sets(const stacked& x, std::int64_t sets) {
   if (x.mapped) return x.value;
   std::vector<std::int64_t> sizes{sets};
@@ -398,12 +404,78 @@ inline at::Tensor per_set(const at::Tensor& p, std::int64_t value_dims, std::int
   shape.insert(shape.end(), p.sizes().begin() + 1, p.sizes().end());
   return p.view(shape);
 }
-}  // namespace detail
 
 // Modules that take dims (Softmax(dim=1), Flatten(1, -1)): on a mapped value
 // a dim counted from the front moves past the sets dim.
-namespace detail {
 inline std::int64_t past_sets(std::int64_t dim, bool mapped) { return mapped && dim >= 0 ? dim + 1 : dim; }
+
+// Runs `f`, a function whose input's dim 0 indexes independent slices (a
+// batch of samples, or an unbatched sample's channels: pooling, padding,
+// Upsample, Fold), over every set at once: a mapped value's sets fold into
+// its dim 0 ([sets, d0, ...] -> [sets * d0, ...]) and unfold from the
+// result's. A shared value stays shared (f runs once).
+template <class F>
+stacked fold_sets(const stacked& x, F&& f) {
+  if (!x.mapped) return {f(x.value), false};
+  if (x.value.dim() < 2) return {f(x.value), true};  // one number per set: nothing to fold
+  const std::int64_t sets = x.value.size(0);
+  const at::Tensor y = f(x.value.flatten(0, 1));
+  return {y.unflatten(0, {sets, y.size(0) / sets}), true};
+}
+
+// As fold_sets, for `f` that computes each channel of a batched [N, C, ...]
+// input on its own (pooling, padding, Upsample) and an input of
+// `batched_dims` dims per set when batched (-1: every input is batched):
+// where a mapped value lies in memory as [N, sets * C, ...] (a batched
+// convolution's output), its sets fold into the channels instead, so that
+// neither way needs a copy.
+template <class F>
+stacked fold_sets_channel_wise(const stacked& x, std::int64_t batched_dims, F&& f) {
+  const at::Tensor& v = x.value;
+  const bool batched = batched_dims < 0 ? v.dim() >= 4 : v.dim() - 1 == batched_dims;
+  // Which dims the sets dim's stride merges with without a copy: the batch's, or the channels'.
+  const bool sets_by_channels = v.dim() >= 3 && v.stride(0) == v.size(2) * v.stride(2);
+  const bool sets_by_batch = v.dim() >= 2 && v.stride(0) == v.size(1) * v.stride(1);
+  if (!x.mapped || !batched || sets_by_batch || !sets_by_channels) return fold_sets(x, f);
+  const std::int64_t sets = v.size(0);
+  const at::Tensor y = f(v.transpose(0, 1).flatten(1, 2));  // [N, sets * C, ...], a view
+  return {y.unflatten(1, {sets, y.size(1) / sets}).transpose(0, 1), true};
+}
+
+// Batched forms for a module type without tensors; specialize batched<Impl>
+// as one of them:
+//   template <> struct tensordict::nn::batched<MyPoolImpl> : tensordict::nn::sample_wise_batched<MyPoolImpl> {};
+// element-wise (an activation): its forward on the value as it is, sets and all.
+template <class Impl>
+struct elementwise_batched {
+  static constexpr bool is_batched = true;
+  static stacked forward(Impl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context&) {
+    return {m.forward(x.value), x.mapped};
+  }
+};
+// Sample-wise, its input's dim 0 independent slices: its forward through fold_sets.
+template <class Impl>
+struct sample_wise_batched {
+  static constexpr bool is_batched = true;
+  static stacked forward(Impl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context&) {
+    return fold_sets(x, [&](const at::Tensor& v) { return m.forward(v); });
+  }
+};
+
+// Channel-wise (pooling, padding): its forward through fold_sets_channel_wise;
+// BatchedDims: the dims of its batched input ([N, C, H, W]: 4), -1 when every input is batched.
+template <class Impl, std::int64_t BatchedDims>
+struct channel_wise_batched {
+  static constexpr bool is_batched = true;
+  static stacked forward(Impl& m, const TensorDict<schema<>>&, const stacked& x, const batch_context&) {
+    return fold_sets_channel_wise(x, BatchedDims, [&](const at::Tensor& v) { return m.forward(v); });
+  }
+};
+
+namespace detail {
+using ::tensordict::nn::expand_sets;
+using ::tensordict::nn::past_sets;
+using ::tensordict::nn::per_set;
 }  // namespace detail
 
 }  // namespace tensordict::nn

@@ -31,15 +31,15 @@ namespace detail {
 using attention_family = type_list<torch::nn::MultiheadAttentionImpl>;
 }  // namespace detail
 
-TENSORDICT_DETAIL_TENSORS(torch::nn::MultiheadAttentionImpl,
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::MultiheadAttentionImpl, in_proj_weight),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::MultiheadAttentionImpl, in_proj_bias),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::MultiheadAttentionImpl, bias_k),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::MultiheadAttentionImpl, bias_v),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::MultiheadAttentionImpl, out_proj),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::MultiheadAttentionImpl, q_proj_weight),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::MultiheadAttentionImpl, k_proj_weight),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::MultiheadAttentionImpl, v_proj_weight))
+TENSORDICT_MODULE_MEMBERS(torch::nn::MultiheadAttentionImpl,
+                          TENSORDICT_MEMBER(torch::nn::MultiheadAttentionImpl, in_proj_weight),
+                          TENSORDICT_MEMBER(torch::nn::MultiheadAttentionImpl, in_proj_bias),
+                          TENSORDICT_MEMBER(torch::nn::MultiheadAttentionImpl, bias_k),
+                          TENSORDICT_MEMBER(torch::nn::MultiheadAttentionImpl, bias_v),
+                          TENSORDICT_MEMBER(torch::nn::MultiheadAttentionImpl, out_proj),
+                          TENSORDICT_MEMBER(torch::nn::MultiheadAttentionImpl, q_proj_weight),
+                          TENSORDICT_MEMBER(torch::nn::MultiheadAttentionImpl, k_proj_weight),
+                          TENSORDICT_MEMBER(torch::nn::MultiheadAttentionImpl, v_proj_weight))
 
 template <>
 struct functional<torch::nn::MultiheadAttentionImpl> {

@@ -159,8 +159,8 @@ template <>
 struct module_traits<NormalParamExtractorImpl> {
   using members = member_list<>;
 };
-TENSORDICT_DETAIL_TENSORS(AddStateIndependentNormalScaleImpl,
-                          TENSORDICT_DETAIL_TENSOR(AddStateIndependentNormalScaleImpl, state_independent_scale))
+TENSORDICT_MODULE_MEMBERS(AddStateIndependentNormalScaleImpl,
+                          TENSORDICT_MEMBER(AddStateIndependentNormalScaleImpl, state_independent_scale))
 
 template <>
 struct functional<AddStateIndependentNormalScaleImpl> {

@@ -27,8 +27,8 @@ namespace detail {
 using embedding_family = type_list<torch::nn::EmbeddingImpl, torch::nn::EmbeddingBagImpl>;
 }  // namespace detail
 
-TENSORDICT_DETAIL_TENSORS(torch::nn::EmbeddingImpl, TENSORDICT_DETAIL_TENSOR(torch::nn::EmbeddingImpl, weight))
-TENSORDICT_DETAIL_TENSORS(torch::nn::EmbeddingBagImpl, TENSORDICT_DETAIL_TENSOR(torch::nn::EmbeddingBagImpl, weight))
+TENSORDICT_MODULE_MEMBERS(torch::nn::EmbeddingImpl, TENSORDICT_MEMBER(torch::nn::EmbeddingImpl, weight))
+TENSORDICT_MODULE_MEMBERS(torch::nn::EmbeddingBagImpl, TENSORDICT_MEMBER(torch::nn::EmbeddingBagImpl, weight))
 
 template <>
 struct functional<torch::nn::EmbeddingImpl> {

@@ -23,8 +23,8 @@ namespace detail {
 using linear_family = type_list<torch::nn::LinearImpl, torch::nn::BilinearImpl>;
 }  // namespace detail
 
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::LinearImpl)
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::BilinearImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::LinearImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::BilinearImpl)
 
 template <>
 struct functional<torch::nn::LinearImpl> {

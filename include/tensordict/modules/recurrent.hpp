@@ -69,8 +69,8 @@ inline std::tuple<at::Tensor, at::Tensor, bool> cell_batch(const at::Tensor& inp
 }  // namespace detail
 
 #define TENSORDICT_DETAIL_CELL(Impl)                                                                          \
-  TENSORDICT_DETAIL_TENSORS(Impl, TENSORDICT_DETAIL_TENSOR(Impl, weight_ih), TENSORDICT_DETAIL_TENSOR(Impl, weight_hh), \
-                            TENSORDICT_DETAIL_TENSOR(Impl, bias_ih), TENSORDICT_DETAIL_TENSOR(Impl, bias_hh))
+  TENSORDICT_MODULE_MEMBERS(Impl, TENSORDICT_MEMBER(Impl, weight_ih), TENSORDICT_MEMBER(Impl, weight_hh), \
+                            TENSORDICT_MEMBER(Impl, bias_ih), TENSORDICT_MEMBER(Impl, bias_hh))
 TENSORDICT_DETAIL_CELL(torch::nn::RNNCellImpl)
 TENSORDICT_DETAIL_CELL(torch::nn::GRUCellImpl)
 TENSORDICT_DETAIL_CELL(torch::nn::LSTMCellImpl)

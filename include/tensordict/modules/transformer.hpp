@@ -142,15 +142,15 @@ at::Tensor batched_add_norm(torch::nn::LayerNormImpl& norm, const P& p, torch::n
 
 // ---- TransformerEncoderLayer ------------------------------------------------------
 
-TENSORDICT_DETAIL_TENSORS(torch::nn::TransformerEncoderLayerImpl,
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerEncoderLayerImpl, self_attn),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerEncoderLayerImpl, linear1),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerEncoderLayerImpl, dropout),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerEncoderLayerImpl, linear2),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerEncoderLayerImpl, norm1),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerEncoderLayerImpl, norm2),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerEncoderLayerImpl, dropout1),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerEncoderLayerImpl, dropout2))
+TENSORDICT_MODULE_MEMBERS(torch::nn::TransformerEncoderLayerImpl,
+                          TENSORDICT_MEMBER(torch::nn::TransformerEncoderLayerImpl, self_attn),
+                          TENSORDICT_MEMBER(torch::nn::TransformerEncoderLayerImpl, linear1),
+                          TENSORDICT_MEMBER(torch::nn::TransformerEncoderLayerImpl, dropout),
+                          TENSORDICT_MEMBER(torch::nn::TransformerEncoderLayerImpl, linear2),
+                          TENSORDICT_MEMBER(torch::nn::TransformerEncoderLayerImpl, norm1),
+                          TENSORDICT_MEMBER(torch::nn::TransformerEncoderLayerImpl, norm2),
+                          TENSORDICT_MEMBER(torch::nn::TransformerEncoderLayerImpl, dropout1),
+                          TENSORDICT_MEMBER(torch::nn::TransformerEncoderLayerImpl, dropout2))
 
 template <>
 struct functional<torch::nn::TransformerEncoderLayerImpl> {
@@ -187,18 +187,18 @@ struct batched<torch::nn::TransformerEncoderLayerImpl> {
 
 // ---- TransformerDecoderLayer ------------------------------------------------------
 
-TENSORDICT_DETAIL_TENSORS(torch::nn::TransformerDecoderLayerImpl,
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, self_attn),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, dropout1),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, norm1),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, multihead_attn),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, dropout2),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, norm2),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, linear1),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, dropout),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, linear2),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, dropout3),
-                          TENSORDICT_DETAIL_TENSOR(torch::nn::TransformerDecoderLayerImpl, norm3))
+TENSORDICT_MODULE_MEMBERS(torch::nn::TransformerDecoderLayerImpl,
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, self_attn),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, dropout1),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, norm1),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, multihead_attn),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, dropout2),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, norm2),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, linear1),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, dropout),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, linear2),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, dropout3),
+                          TENSORDICT_MEMBER(torch::nn::TransformerDecoderLayerImpl, norm3))
 
 template <>
 struct functional<torch::nn::TransformerDecoderLayerImpl> {
