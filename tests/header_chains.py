@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """Every public header is compiled alone by some self_contained test.
 
-Usage: header_chains.py INCLUDE_DIR HEADER...
+Usage: header_chains.py [--uncovered] INCLUDE_DIR HEADER...
 The self_contained tests compile the listed headers, each alone. A header
 whose first #include is another library header compiles that one alone too
 (nothing comes before it), and so on down the chain, so a header needs no test
 of its own when it starts a listed header's chain. This check fails, naming the
 fix, when a public header (include/tensordict/*.hpp, modules/*.hpp) is in no chain.
+With --uncovered it prints those headers instead, one a line (tests/meson.build
+adds a self_contained test for each: a new module family's header needs no
+edit there).
 """
 import pathlib
 import re
@@ -22,10 +25,14 @@ def first_include(path):
 
 
 def main():
-    top = pathlib.Path(sys.argv[1]).resolve()
+    args = sys.argv[1:]
+    list_uncovered = args[:1] == ['--uncovered']
+    if list_uncovered:
+        args = args[1:]
+    top = pathlib.Path(args[0]).resolve()
     public = {p.resolve() for p in list(top.glob('*.hpp')) + list(top.glob('modules/*.hpp'))}
     covered = {}
-    for name in sys.argv[2:]:
+    for name in args[1:]:
         head = (top / name).resolve()
         if head not in public:
             sys.exit(f'header_chains.py: {name} is listed but is not a public header under {top}')
@@ -34,6 +41,9 @@ def main():
             covered[node] = name
             node = first_include(node)
     missing = sorted(str(p.relative_to(top)) for p in public - covered.keys())
+    if list_uncovered:
+        print('\n'.join(missing))
+        return
     if missing:
         sys.exit('header_chains.py: no self_contained test compiles ' + ', '.join(missing) +
                  ' alone: add each to the list in tests/meson.build, or make it the first #include of a listed header')

@@ -616,7 +616,7 @@ inline stacked dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params
 // (a state, masks) may still keep a type that lowers from lowering: the
 // type's batched form says per call.
 //   auto how = tensordict::nn::lowering_of(net);
-//   if (!how) std::cout << how.path << ": " << how.reason;   // "2: torch::nn::MaxPool2dImpl has no batched form ..."
+//   if (!how) std::cout << how.path << ": " << how.reason;   // "2: torch::nn::FunctionalImpl has no batched form ..."
 struct lowering {
   bool lowers = true;
   std::string path;    // the child that does not lower, dotted as named_modules() names it ("" for the module itself)

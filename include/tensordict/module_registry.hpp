@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <string_view>
 #include <string>
 #include <tuple>
 #include <typeindex>
@@ -71,30 +72,33 @@ struct registered_type_without_schema {
 };
 }  // namespace compile_error
 
+// (Its forms are captureless lambdas stored as function pointers: std::function
+// then instantiates its machinery once per signature, not once per module type,
+// which saves every TU that includes the registry about 3 s here.)
 template <class Impl>
 module_kind kind_of() {
   module_kind kind;
   if constexpr (runtime_layout_module<Impl>) {
     kind.type_name = c10::demangle(typeid(Impl).name());
-    kind.members = [](torch::nn::Module& m) { return runtime_layout<Impl>::members(dynamic_cast<Impl&>(m)); };
-    kind.reset = [](torch::nn::Module& m) { reset_module(dynamic_cast<Impl&>(m)); };
+    kind.members = +[](torch::nn::Module& m) { return runtime_layout<Impl>::members(dynamic_cast<Impl&>(m)); };
+    kind.reset = +[](torch::nn::Module& m) { reset_module(dynamic_cast<Impl&>(m)); };
     // Forms of one input tensor (a TransformerEncoder in a Sequential).
     if constexpr (requires(Impl& m, const AnyTensorDict& p, const at::Tensor& x) {
                     { functional<Impl>::forward(m, p, x) } -> std::same_as<at::Tensor>;
                   })
-      kind.forward = [](torch::nn::Module& m, const AnyTensorDict& p, const at::Tensor& x) -> at::Tensor {
+      kind.forward = +[](torch::nn::Module& m, const AnyTensorDict& p, const at::Tensor& x) -> at::Tensor {
         return functional<Impl>::forward(dynamic_cast<Impl&>(m), p, x);
       };
     if constexpr (requires(Impl& m, const AnyTensorDict& p, const at::Tensor& x, const batch_context& ctx) {
                     { batched<Impl>::forward(m, p, std::tuple<at::Tensor>(x), std::array<bool, 1>{}, ctx) } -> std::same_as<at::Tensor>;
                   })
     {
-      kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x, const batch_context& ctx) {
+      kind.batched = +[](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x, const batch_context& ctx) {
         return stacked{batched<Impl>::forward(dynamic_cast<Impl&>(m), p, std::tuple<at::Tensor>(x.value),
                                               std::array<bool, 1>{x.mapped}, ctx),
                        true};
       };
-      kind.lowers = [](torch::nn::Module& m, const AnyTensorDict& p) {
+      kind.lowers = +[](torch::nn::Module& m, const AnyTensorDict& p) {
         if constexpr (requires(Impl& impl) { batched<Impl>::supports(impl); })
           if (!batched<Impl>::supports(dynamic_cast<Impl&>(m))) return false;
         // Partial params: the rest comes from the module, per set (vmap).
@@ -108,21 +112,21 @@ module_kind kind_of() {
   } else {
     kind.type_name = c10::demangle(typeid(Impl).name());
     kind.members = &own_members<Impl>;
-    kind.reset = [](torch::nn::Module& m) { reset_module(dynamic_cast<Impl&>(m)); };
+    kind.reset = +[](torch::nn::Module& m) { reset_module(dynamic_cast<Impl&>(m)); };
     using S = schema_of<Impl>;
     if constexpr (has_functional_form<Impl>) {
       if constexpr (requires(Impl& m, const TensorDict<S>& p, const at::Tensor& x) {
                       { functional<Impl>::forward(m, p, x) } -> std::convertible_to<at::Tensor>;
                     })
-        kind.forward = [](torch::nn::Module& m, const AnyTensorDict& p, const at::Tensor& x) -> at::Tensor {
+        kind.forward = +[](torch::nn::Module& m, const AnyTensorDict& p, const at::Tensor& x) -> at::Tensor {
           return functional<Impl>::forward(dynamic_cast<Impl&>(m), p.to_typed<S>({.allow_missing = true}), x);
         };
     }
     if constexpr (has_stacked_form<Impl>) {
-      kind.batched = [](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x, const batch_context& ctx) {
+      kind.batched = +[](torch::nn::Module& m, const AnyTensorDict& p, const stacked& x, const batch_context& ctx) {
         return batched<Impl>::forward(dynamic_cast<Impl&>(m), p.to_typed<S>({.allow_missing = true}), x, ctx);
       };
-      kind.lowers = [](torch::nn::Module& m, const AnyTensorDict& p) {
+      kind.lowers = +[](torch::nn::Module& m, const AnyTensorDict& p) {
         if constexpr (requires(Impl& impl) { batched<Impl>::supports(impl); })
           if (!batched<Impl>::supports(dynamic_cast<Impl&>(m))) return false;
         // The batched forms take every tensor stacked; a module's own unstacked ones go through vmap.
@@ -169,6 +173,32 @@ class module_registry {
 };
 
 }  // namespace detail
+
+// The torch::nn module types (demangled, "torch::nn::LinearImpl") the library
+// knows: every built-in adapter's, and the containers that run-time models
+// are made of (Sequential, ModuleList, ModuleDict).
+inline std::vector<std::string> supported_module_types() {
+  std::vector<std::string> out{"torch::nn::SequentialImpl", "torch::nn::ModuleListImpl", "torch::nn::ModuleDictImpl"};
+  [&]<class... Impl>(detail::type_list<Impl...>) {
+    (out.push_back(c10::demangle(typeid(Impl).name())), ...);
+  }(typename detail::concat_lists<detail::builtin_modules, detail::builtin_runtime_layout_modules>::type{});
+  return out;
+}
+
+// The torch::nn module types it has no adapter for, each with the reason (as
+// the README's "Supported modules" lists them).
+struct unsupported_module_type {
+  std::string_view type;
+  std::string_view reason;
+};
+inline constexpr std::array<unsupported_module_type, 2> unsupported_module_types{{
+    {"torch::nn::ParameterListImpl",
+     "has no forward to call, and its tensors are a list built at run time: hold them in a user module "
+     "(TENSORDICT_MODULE) or as a run-time model's parameters"},
+    {"torch::nn::ParameterDictImpl",
+     "has no forward to call, and its tensors are named at run time: hold them in a user module (TENSORDICT_MODULE) "
+     "or as a run-time model's parameters"},
+}};
 
 // Registers a user module type: its tensors come from its TENSORDICT_MODULE
 // schema; its functional form from nn::functional<Impl> when specialized

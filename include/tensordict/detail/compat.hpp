@@ -43,6 +43,13 @@ inline bool fused_recurrent_kernel(bool cuda, bool mkldnn_enabled) { return cuda
 
 }  // namespace tensordict::detail::compat
 
+// Module types that libtorch 2.2 added (LPPool3d, ZeroPad1d, ZeroPad3d).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+#define TENSORDICT_HAS_TORCH_2_2_MODULES 1
+#else
+#define TENSORDICT_HAS_TORCH_2_2_MODULES 0
+#endif
+
 #endif  // TENSORDICT_DETAIL_COMPAT_CORE
 
 #if defined(TENSORDICT_COMPAT_FUNCTORCH) && !defined(TENSORDICT_DETAIL_COMPAT_FUNCTORCH)

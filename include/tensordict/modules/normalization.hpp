@@ -2,7 +2,9 @@
 // bias}), BatchNorm1d/2d/3d and InstanceNorm1d/2d/3d ({weight, bias,
 // running_mean, running_var, num_batches_tracked}, unset where the options
 // leave them out). Batched forms: LayerNorm, GroupNorm and InstanceNorm (the
-// sets as groups of channels), and BatchNorm in eval.
+// sets as groups of channels), and BatchNorm in eval. LocalResponseNorm and
+// CrossMapLRN2d have no tensors; their batched form folds the sets into the
+// batch dim.
 #pragma once
 
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
@@ -28,15 +30,23 @@ namespace tensordict::nn {
 namespace detail {
 using normalization_family = type_list<torch::nn::LayerNormImpl, torch::nn::GroupNormImpl, torch::nn::BatchNorm1dImpl,
                                        torch::nn::BatchNorm2dImpl, torch::nn::BatchNorm3dImpl, torch::nn::InstanceNorm1dImpl,
-                                       torch::nn::InstanceNorm2dImpl, torch::nn::InstanceNorm3dImpl>;
+                                       torch::nn::InstanceNorm2dImpl, torch::nn::InstanceNorm3dImpl,
+                                       torch::nn::LocalResponseNormImpl, torch::nn::CrossMapLRN2dImpl>;
 }  // namespace detail
 
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::LayerNormImpl)
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::GroupNormImpl)
+TENSORDICT_MODULE_MEMBERS(torch::nn::LocalResponseNormImpl)
+TENSORDICT_MODULE_MEMBERS(torch::nn::CrossMapLRN2dImpl)
+template <>
+struct batched<torch::nn::LocalResponseNormImpl> : sample_wise_batched<torch::nn::LocalResponseNormImpl> {};
+template <>
+struct batched<torch::nn::CrossMapLRN2dImpl> : sample_wise_batched<torch::nn::CrossMapLRN2dImpl> {};
+
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::LayerNormImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::GroupNormImpl)
 #define TENSORDICT_DETAIL_BATCHNORM(Impl)                                                                            \
-  TENSORDICT_DETAIL_TENSORS(Impl, TENSORDICT_DETAIL_TENSOR(Impl, weight), TENSORDICT_DETAIL_TENSOR(Impl, bias),       \
-                            TENSORDICT_DETAIL_TENSOR(Impl, running_mean), TENSORDICT_DETAIL_TENSOR(Impl, running_var), \
-                            TENSORDICT_DETAIL_TENSOR(Impl, num_batches_tracked))
+  TENSORDICT_MODULE_MEMBERS(Impl, TENSORDICT_MEMBER(Impl, weight), TENSORDICT_MEMBER(Impl, bias),       \
+                            TENSORDICT_MEMBER(Impl, running_mean), TENSORDICT_MEMBER(Impl, running_var), \
+                            TENSORDICT_MEMBER(Impl, num_batches_tracked))
 TENSORDICT_DETAIL_BATCHNORM(torch::nn::BatchNorm1dImpl)
 TENSORDICT_DETAIL_BATCHNORM(torch::nn::BatchNorm2dImpl)
 TENSORDICT_DETAIL_BATCHNORM(torch::nn::BatchNorm3dImpl)

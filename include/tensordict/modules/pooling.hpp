@@ -1,0 +1,153 @@
+// The adapters of the pooling modules: Max, Avg, AdaptiveMax, AdaptiveAvg and
+// LP pooling 1-3d, MaxUnpool 1-3d and FractionalMaxPool 2-3d. No tensors
+// (an empty schema); their functional form is their own forward; their
+// batched forms fold the sets into the batch dim (one pooling call for every
+// set). FractionalMaxPool draws its pooling regions at random, per set or
+// shared as functional_vmap's randomness says.
+#pragma once
+
+// First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "parameter_free.hpp"  // random_batched
+
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include <ATen/ops/rand.h>
+#include <torch/nn/functional/pooling.h>
+#include <torch/nn/modules/pooling.h>
+
+#include "../detail/compat.hpp"
+#include "../errors.hpp"
+
+#include "adapter.hpp"
+
+namespace tensordict::nn {
+
+namespace detail {
+using fractional_pooling_family = type_list<torch::nn::FractionalMaxPool2dImpl, torch::nn::FractionalMaxPool3dImpl>;
+using unpooling_family = type_list<torch::nn::MaxUnpool1dImpl, torch::nn::MaxUnpool2dImpl, torch::nn::MaxUnpool3dImpl>;
+using sample_pooling_family =
+    type_list<torch::nn::MaxPool1dImpl, torch::nn::MaxPool2dImpl, torch::nn::MaxPool3dImpl, torch::nn::AvgPool1dImpl,
+              torch::nn::AvgPool2dImpl, torch::nn::AvgPool3dImpl, torch::nn::AdaptiveMaxPool1dImpl,
+              torch::nn::AdaptiveMaxPool2dImpl, torch::nn::AdaptiveMaxPool3dImpl, torch::nn::AdaptiveAvgPool1dImpl,
+              torch::nn::AdaptiveAvgPool2dImpl, torch::nn::AdaptiveAvgPool3dImpl, torch::nn::LPPool1dImpl,
+#if TENSORDICT_HAS_TORCH_2_2_MODULES
+              torch::nn::LPPool3dImpl,
+#endif
+              torch::nn::LPPool2dImpl>;
+using pooling_family = typename concat_lists<sample_pooling_family, unpooling_family, fractional_pooling_family>::type;
+}  // namespace detail
+
+namespace detail {
+// FractionalMaxPool's given pooling regions: its options' tensor, which it registers as the buffer "_random_samples".
+struct given_random_samples {
+  template <class Impl>
+  at::Tensor& operator()(Impl& m) const {
+    return m.options._random_samples();
+  }
+};
+}  // namespace detail
+
+template <class Impl>
+  requires detail::in_list_v<Impl, detail::sample_pooling_family> || detail::in_list_v<Impl, detail::unpooling_family>
+struct module_traits<Impl> {
+  using members = member_list<>;
+};
+// {_random_samples}: unset unless the options give the pooling regions.
+template <class Impl>
+  requires detail::in_list_v<Impl, detail::fractional_pooling_family>
+struct module_traits<Impl> {
+  using members = member_list<member<"_random_samples", detail::given_random_samples>>;
+};
+
+namespace detail {
+// The spatial dims of a pooling or padding type, from its options' sizes (an ExpandingArray<D>): unevaluated.
+template <std::size_t D, class T>
+std::integral_constant<std::int64_t, static_cast<std::int64_t>(D)> expanding_size(const torch::ExpandingArray<D, T>*);
+template <class Array>
+inline constexpr std::int64_t expanding_size_v = decltype(expanding_size(std::declval<Array*>()))::value;
+template <class Impl>
+constexpr std::int64_t pooled_dims() {
+  using options = decltype(std::declval<Impl&>().options);
+  if constexpr (requires(options& o) { o.kernel_size(); })
+    return expanding_size_v<std::remove_reference_t<decltype(std::declval<options&>().kernel_size())>>;
+  else
+    return expanding_size_v<std::remove_reference_t<decltype(std::declval<options&>().output_size())>>;
+}
+}  // namespace detail
+
+// Each channel pooled on its own: the sets fold into the batch, or into the channels of a convolution's output.
+template <class Impl>
+  requires detail::in_list_v<Impl, detail::sample_pooling_family>
+struct batched<Impl> : channel_wise_batched<Impl, detail::pooled_dims<Impl>() + 2> {};
+
+// (input, indices), each shared or per set: one unpooling of the sets folded into the batch dim.
+template <class Impl>
+  requires detail::in_list_v<Impl, detail::unpooling_family>
+struct batched<Impl> {
+  static constexpr bool is_batched = true;
+  static at::Tensor forward(Impl& m, const TensorDict<schema<>>&, const std::tuple<at::Tensor, at::Tensor>& inputs,
+                            const std::array<bool, 2>& mapped, const batch_context& ctx) {
+    const at::Tensor x = expand_sets({std::get<0>(inputs), mapped[0]}, ctx.sets);
+    const at::Tensor indices = expand_sets({std::get<1>(inputs), mapped[1]}, ctx.sets);
+    const at::Tensor y = m.forward(x.flatten(0, 1), indices.flatten(0, 1));
+    return y.unflatten(0, {ctx.sets, y.size(0) / ctx.sets});
+  }
+};
+
+namespace detail {
+template <class Impl>
+at::Tensor fractional_max_pool(Impl& m, const at::Tensor& x, const at::Tensor& samples) {
+  auto options = m.options;
+  options._random_samples(samples);
+  if constexpr (std::is_same_v<Impl, torch::nn::FractionalMaxPool2dImpl>)
+    return torch::nn::functional::fractional_max_pool2d(x, options);
+  else
+    return torch::nn::functional::fractional_max_pool3d(x, options);
+}
+}  // namespace detail
+
+// The module's forward, with the TensorDict's pooling regions where it has them (else a draw).
+template <class Impl>
+  requires detail::in_list_v<Impl, detail::fractional_pooling_family>
+struct functional<Impl> {
+  static constexpr bool is_functional = true;
+  static at::Tensor forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const at::Tensor& x) {
+    return detail::fractional_max_pool(m, x, p.leaf(0));
+  }
+};
+
+template <class Impl>
+  requires detail::in_list_v<Impl, detail::fractional_pooling_family>
+struct batched<Impl> {
+  static constexpr bool is_batched = true;
+  static constexpr std::int64_t dims = std::is_same_v<Impl, torch::nn::FractionalMaxPool2dImpl> ? 2 : 3;
+
+  // One draw of the pooling regions of a value of this shape, as libtorch draws them: [batch, C, dims].
+  static at::Tensor draw(const at::Tensor& v) {
+    const std::int64_t batch = v.dim() == dims + 1 ? 1 : v.size(0);
+    return at::rand({batch, v.size(-dims - 1), dims}, v.options());
+  }
+  // The pooling of [sets, ...] folded into dim 0, with `samples` [sets, batch, C, dims] (each set's regions).
+  static at::Tensor pool_folded(Impl& m, const at::Tensor& v, const at::Tensor& samples) {
+    const std::int64_t sets = v.size(0);
+    const bool unbatched = v.dim() - 1 == dims + 1;  // [C, spatial...] per set: the sets fold into the channels
+    const at::Tensor folded = unbatched ? samples.reshape({1, -1, dims}) : samples.flatten(0, 1);
+    const at::Tensor y = detail::fractional_max_pool(m, v.flatten(0, 1), folded);
+    return y.unflatten(0, {sets, y.size(0) / sets});
+  }
+
+  static stacked forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
+    const at::Tensor& given = p.leaf(0);  // [sets, batch, C, dims]: no draw
+    if (given.defined()) return {pool_folded(m, expand_sets(x, ctx.sets), given), true};
+    const auto own = [&](const at::Tensor& v) { return detail::fractional_max_pool(m, v, at::Tensor()); };
+    return random_batched<Impl>(x, ctx, own, [&](const at::Tensor& v) {
+      const at::Tensor one = draw(v.select(0, 0));
+      return pool_folded(m, v, one.unsqueeze(0).expand({v.size(0), one.size(0), one.size(1), one.size(2)}));
+    });
+  }
+};
+
+}  // namespace tensordict::nn
