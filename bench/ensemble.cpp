@@ -1,5 +1,5 @@
-// Ensembles of MLPs (Linear-ReLU-Linear-ReLU-Linear), 8 LSTMs and 8
-// two-layer transformer encoders: the members' own modules in a loop (their
+// Ensembles of MLPs (Linear-ReLU-Linear-ReLU-Linear), 8 small CNNs, 8 LSTMs
+// and 8 two-layer transformer encoders: the members' own modules in a loop (their
 // own backward and SGD in training), functional_call on slices of the stacked
 // params, the generic vmap path, the lowered functional_vmap and hand-written
 // batched code, for a forward and a training step (forward, backward, SGD),
@@ -7,7 +7,8 @@
 // config, mode and threads, one line of ratios measured in this run, with the
 // lowered path's GFLOP/s beside at::mm 512x512's on one core and on all.
 //   build/bench/bench_ensemble [seconds per variant] [most threads, default 2]
-// SETS_PER_TASK=n in the environment sets functional_vmap's sets_per_task.
+// SETS_PER_TASK=n in the environment sets functional_vmap's sets_per_task;
+// ONLY=text runs the configs whose name contains text (ONLY=cnn).
 
 #include <algorithm>
 #include <array>
@@ -241,6 +242,33 @@ void transformer_ensemble(int threads, double budget, std::vector<row>& rows) {
               budget, rows);
 }
 
+// 8 CNNs, Conv2d(1, 16, 3)-ReLU-MaxPool2d(2)-Conv2d(16, 32, 3)-ReLU-AdaptiveAvgPool2d(1)-Flatten-Linear(32, 10),
+// on 1x28x28 images, batch 64 (shared). Not vmapped, nor hand-written.
+using cnn = tdn::Sequential<torch::nn::Conv2d, ReLU, torch::nn::MaxPool2d, torch::nn::Conv2d, ReLU, torch::nn::AdaptiveAvgPool2d,
+                            torch::nn::Flatten, Linear>;
+void cnn_ensemble(int threads, double budget, std::vector<row>& rows) {
+  std::vector<cnn> members;
+  for (int i = 0; i < 8; ++i)
+    members.emplace_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3)), ReLU(), torch::nn::MaxPool2d(2),
+                         torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3)), ReLU(), torch::nn::AdaptiveAvgPool2d(1),
+                         torch::nn::Flatten(), Linear(32, 10));
+  const auto params = td::from_modules(members);
+  const at::Tensor x = at::randn({64, 1, 28, 28});
+  // Per member: the convolutions' multiply-adds (26x26x16 outputs of 9 each, 11x11x32 of 144 each) and the Linear's;
+  // training: their weights' gradients and the second convolution's and Linear's input gradients.
+  const double conv1 = 2.0 * 26 * 26 * 16 * 9, conv2 = 2.0 * 11 * 11 * 32 * 144, fc = 2.0 * 32 * 10;
+  const double fwd = 8.0 * 64 * (conv1 + conv2 + fc), train = 8.0 * 64 * (2 * conv1 + 3 * conv2 + 3 * fc);
+  time_config("cnn:8x(conv16-pool-conv32-fc10)/64x28x28", threads, {fwd, train}, parameters_of(members), params.values(),
+              at::randn({8, 64, 10}),
+              {[&] {
+                 std::vector<at::Tensor> outs;
+                 for (auto& m : members) outs.push_back(m->forward(x));
+                 return at::stack(outs);
+               },
+               {}, {}, [&] { return tdn::functional_vmap(members[0], params, tdn::args(x), {}, {}, vmap_options()); }, {}},
+              budget, rows);
+}
+
 void mlp_ensemble(const config& c, int threads, double budget, std::vector<row>& rows) {
   std::vector<mlp> members;
   for (int i = 0; i < c.members; ++i)
@@ -304,11 +332,15 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts{1};
   if (most_threads > 1) thread_counts.push_back(most_threads);
   std::vector<row> rows;
+  const std::string only = std::getenv("ONLY") ? std::getenv("ONLY") : "";
+  auto wanted = [&](const std::string& name) { return name.find(only) != std::string::npos; };
   for (int threads : thread_counts) {
     at::set_num_threads(threads);
-    lstm_ensemble(threads, budget, rows);
-    transformer_ensemble(threads, budget, rows);
-    for (const auto& c : configs) mlp_ensemble(c, threads, budget, rows);
+    if (wanted("lstm")) lstm_ensemble(threads, budget, rows);
+    if (wanted("transformer")) transformer_ensemble(threads, budget, rows);
+    if (wanted("cnn")) cnn_ensemble(threads, budget, rows);
+    for (const auto& c : configs)
+      if (wanted(c.name)) mlp_ensemble(c, threads, budget, rows);
   }
 
   std::printf("%-30s %-5s %3s %10s %10s %10s %10s %10s  (us per call)\n", "config", "mode", "thr", "loop", "slices", "vmap",

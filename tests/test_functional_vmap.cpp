@@ -217,6 +217,19 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
   check_three_paths(mlps, at::randn({7, 3}), false);
   check_three_paths(mlps, at::randn({4, 7, 3}), true);
 
+  // A small CNN, typed: every child lowers (the pooling folds the sets into the batch).
+  using cnn = tdn::Sequential<torch::nn::Conv2d, torch::nn::ReLU, torch::nn::MaxPool2d, torch::nn::Conv2d, torch::nn::ReLU,
+                              torch::nn::AdaptiveAvgPool2d, torch::nn::Flatten, Linear>;
+  STATIC_REQUIRE(tdn::fully_lowered<cnn::Impl>());
+  auto cnns = copies<cnn>(3, [] {
+    return cnn(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)), torch::nn::ReLU(), torch::nn::MaxPool2d(2),
+               torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 6, 3).padding(1)), torch::nn::ReLU(), torch::nn::AdaptiveAvgPool2d(2),
+               torch::nn::Flatten(), Linear(24, 5));
+  });
+  CHECK(tdn::lowering_of(cnns[0]));
+  check_three_paths(cnns, at::randn({4, 1, 10, 10}), false);
+  check_three_paths(cnns, at::randn({3, 4, 1, 10, 10}), true);
+
   using torch::nn::TransformerEncoderLayer;
   using torch::nn::TransformerEncoderLayerOptions;
   auto layers = copies<TransformerEncoderLayer>(3, [] {

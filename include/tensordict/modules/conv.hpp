@@ -27,12 +27,12 @@ using conv_family = type_list<torch::nn::Conv1dImpl, torch::nn::Conv2dImpl, torc
                               torch::nn::ConvTranspose1dImpl, torch::nn::ConvTranspose2dImpl, torch::nn::ConvTranspose3dImpl>;
 }  // namespace detail
 
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::Conv1dImpl)
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::Conv2dImpl)
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::Conv3dImpl)
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::ConvTranspose1dImpl)
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::ConvTranspose2dImpl)
-TENSORDICT_DETAIL_WEIGHT_BIAS(torch::nn::ConvTranspose3dImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::Conv1dImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::Conv2dImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::Conv3dImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::ConvTranspose1dImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::ConvTranspose2dImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::ConvTranspose3dImpl)
 
 namespace detail {
 // A convolution's spatial dims, and the convolution of that many dims.
@@ -127,6 +127,30 @@ inline at::Tensor sets_as_channels(const stacked& x, std::int64_t sets, bool unb
   return v.repeat(repeats);
 }
 
+// An input of sets * C channels in channels-last memory, where libtorch has
+// that format (2-d and 3-d): its convolution's output comes out channels-last
+// too, and the pooling after it runs several times faster (libtorch 1.13's
+// max_pool2d: 2.3 ms for [64, 128, 26, 26] channels-last, 27 ms contiguous).
+// The values are the same.
+inline at::Tensor channels_last(const at::Tensor& input) {
+  if (input.dim() != 4 && input.dim() != 5) return input;
+  const auto format = input.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+  at::Tensor out = input.contiguous(format);
+  if (out.suggest_memory_format() == format) return out;
+  // One channel (or one pixel): the same memory either way; strides that say
+  // channels-last make the convolution's output channels-last.
+  std::vector<std::int64_t> strides(static_cast<std::size_t>(out.dim()));
+  std::int64_t stride = 1;
+  strides[1] = 1;
+  stride *= out.size(1);
+  for (std::int64_t d = out.dim() - 1; d >= 2; --d) {
+    strides[static_cast<std::size_t>(d)] = stride;
+    stride *= out.size(d);
+  }
+  strides[0] = stride;
+  return out.as_strided(out.sizes(), strides);
+}
+
 // The inverse: [N, sets*C, ...] as [sets, N, C, ...] (unbatched: [sets, C, ...]).
 inline at::Tensor channels_as_sets(const at::Tensor& y, std::int64_t sets, bool unbatched) {
   std::vector<std::int64_t> shape{y.size(0), sets, y.size(1) / sets};
@@ -150,18 +174,25 @@ struct batched<Impl> {
   static stacked forward(const Impl& m, const TensorDict<schema_of<Impl>>& p, const stacked& x, const batch_context& ctx) {
     const at::Tensor& w = p.leaf(0);  // [sets, out, in/groups, kernel...] (transposed: [sets, in, out/groups, kernel...])
     const bool unbatched = x.value.dim() - (x.mapped ? 1 : 0) == static_cast<std::int64_t>(detail::conv_dims<Impl>) + 1;
-    const at::Tensor input = detail::sets_as_channels(x, ctx.sets, unbatched);
     std::vector<std::int64_t> weight_shape{ctx.sets * w.size(1)};
     weight_shape.insert(weight_shape.end(), w.sizes().begin() + 2, w.sizes().end());
     const at::Tensor weight = w.reshape(weight_shape);
     const at::Tensor bias = p.leaf(1).defined() ? p.leaf(1).reshape({-1}) : at::Tensor();
-    const std::int64_t groups = ctx.sets * m.options.groups();
     at::Tensor y;
+    if constexpr (!detail::is_transposed_conv<Impl>)
+      if (!x.mapped && m.options.groups() == 1) {
+        // A shared input meets every set's filters in one convolution of sets * out channels (no copies of the input).
+        y = detail::conv_nd(m, detail::channels_last(unbatched ? x.value.unsqueeze(0) : x.value), weight, bias,
+                            m.options.padding(), 1);
+        return {detail::channels_as_sets(y, ctx.sets, unbatched), true, true};
+      }
+    const at::Tensor input = detail::channels_last(detail::sets_as_channels(x, ctx.sets, unbatched));
+    const std::int64_t groups = ctx.sets * m.options.groups();
     if constexpr (detail::is_transposed_conv<Impl>)
       y = detail::conv_transpose_nd(m, input, weight, bias, groups);
     else
       y = detail::conv_nd(m, input, weight, bias, m.options.padding(), groups);
-    return {detail::channels_as_sets(y, ctx.sets, unbatched), true};
+    return {detail::channels_as_sets(y, ctx.sets, unbatched), true, true};
   }
 };
 
