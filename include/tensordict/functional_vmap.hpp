@@ -557,6 +557,7 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
         if (!batched<Impl>::supports(impl)) return std::optional<Out>();
       return std::optional<Out>(batched<Impl>::forward(impl, p, in, mapped, ctx));
     } else {
+      (void)impl;  // used by the branch above only
       return one_tensor(p, in, mapped, ctx);
     }
   };

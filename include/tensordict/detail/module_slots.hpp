@@ -38,7 +38,7 @@ struct module_slot {
 
 template <class Impl, class... Members>
 void collect_slots(Impl& m, module_slot*& out, nn::member_list<Members...>) {
-  auto visit = [&]<class Member>(std::type_identity<Member>) {
+  [[maybe_unused]] auto visit = [&]<class Member>(std::type_identity<Member>) {
     if constexpr (nn::detail::is_tensor_member<Impl, Member>) {
       *out++ = module_slot{&typename Member::getter{}(m), &m, Member::name.view()};
     } else {

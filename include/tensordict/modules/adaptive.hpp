@@ -3,7 +3,7 @@
 // head.weight, tail.0.0.weight, tail.0.1.weight, ...), so it has no
 // compile-time schema and from_module gives an AnyTensorDict. Its functional
 // form computes the module's forward (input, target) -> ASMoutput with those
-// tensors. No batched form: functional_vmap runs it through a loop.
+// tensors. No batched form (its output is not a tensor).
 #pragma once
 
 #include <cstddef>

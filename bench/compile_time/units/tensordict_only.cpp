@@ -1,0 +1,2 @@
+#include <tensordict/tensordict.hpp>
+int main() { return 0; }
