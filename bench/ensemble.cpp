@@ -146,6 +146,13 @@ std::function<void()> step(Forward forward, bool train, const at::Tensor& target
   };
 }
 
+// The loop variant: each member's own forward, stacked.
+at::Tensor own_forwards(auto& members, const at::Tensor& x) {
+  std::vector<at::Tensor> outs;
+  for (auto& m : members) outs.push_back(m->forward(x));
+  return at::stack(outs);
+}
+
 std::vector<at::Tensor> parameters_of(auto& members) {
   std::vector<at::Tensor> out;
   for (auto& m : members)
@@ -233,11 +240,7 @@ void transformer_ensemble(int threads, double budget, std::vector<row>& rows) {
   const double fwd = 8.0 * 2 * (2 * tokens * d * 4 * d + 4 * 16 * 32 * 32 * d + 4 * tokens * d * 2048);
   time_config("transformer:8x(64,4h,2l)/32x16", threads, {fwd, 3 * fwd}, parameters_of(members), params.values(),
               at::randn({8, 32, 16, 64}),
-              {[&] {
-                 std::vector<at::Tensor> outs;
-                 for (auto& m : members) outs.push_back(m->forward(x));
-                 return at::stack(outs);
-               },
+              {[&] { return own_forwards(members, x); },
                {}, {}, [&] { return tdn::functional_vmap(members[0], params, tdn::args(x), {}, {}, vmap_options()); }, {}},
               budget, rows);
 }
@@ -260,11 +263,7 @@ void cnn_ensemble(int threads, double budget, std::vector<row>& rows) {
   const double fwd = 8.0 * 64 * (conv1 + conv2 + fc), train = 8.0 * 64 * (2 * conv1 + 3 * conv2 + 3 * fc);
   time_config("cnn:8x(conv16-pool-conv32-fc10)/64x28x28", threads, {fwd, train}, parameters_of(members), params.values(),
               at::randn({8, 64, 10}),
-              {[&] {
-                 std::vector<at::Tensor> outs;
-                 for (auto& m : members) outs.push_back(m->forward(x));
-                 return at::stack(outs);
-               },
+              {[&] { return own_forwards(members, x); },
                {}, {}, [&] { return tdn::functional_vmap(members[0], params, tdn::args(x), {}, {}, vmap_options()); }, {}},
               budget, rows);
 }
@@ -282,11 +281,7 @@ void mlp_ensemble(const config& c, int threads, double budget, std::vector<row>&
   const double train = 3 * fwd - 2.0 * c.batch * c.in * c.hidden * c.members;
   time_config(c.name, threads, {fwd, train}, parameters_of(members), params.values(),
               at::randn({c.members, c.batch, c.out}),
-              {[&] {
-                 std::vector<at::Tensor> outs;
-                 for (auto& m : members) outs.push_back(m->forward(x));
-                 return at::stack(outs);
-               },
+              {[&] { return own_forwards(members, x); },
                [&] {
                  std::vector<at::Tensor> outs;
                  for (int i = 0; i < c.members; ++i) outs.push_back(td::functional_call(shape, params[i], x));
