@@ -235,7 +235,8 @@ TEST_CASE("dropouts and RReLU in eval are their forwards; torch::nn::Functional 
 
 TEST_CASE("modules that draw random numbers follow functional_vmap's randomness", "[module_types]") {
   namespace N = torch::nn;
-  const at::Tensor x = at::randn({4, 3, 8, 8}).abs() + 0.5;  // positive: RReLU's slopes show only on negatives
+  // 4 x 8 channels: two sets draw the same channel masks with chance 2^-32. Positive: RReLU's slopes show only on negatives.
+  const at::Tensor x = at::randn({4, 8, 8, 8}).abs() + 0.5;
   auto check_randomness = [&](auto m, const at::Tensor& input) {
     INFO(c10::demangle(typeid(*m).name()));
     auto members = three(m);
@@ -259,14 +260,14 @@ TEST_CASE("modules that draw random numbers follow functional_vmap's randomness"
   };
   check_randomness(N::Dropout(0.5), x);
   check_randomness(N::Dropout2d(0.5), x);
-  check_randomness(N::Dropout2d(0.5), x[0]);  // unbatched: a channel's mask
+  check_randomness(N::Dropout2d(0.5), at::ones({32, 8, 8}));  // unbatched: a mask per channel (32: two sets alike by chance 2^-32)
   check_randomness(N::Dropout3d(0.5), x.unsqueeze(2));
   check_randomness(N::AlphaDropout(0.5), x);
   check_randomness(N::FeatureAlphaDropout(0.5), x);
   check_randomness(N::RReLU(), -x);
   check_randomness(N::FractionalMaxPool2d(N::FractionalMaxPool2dOptions(2).output_size(5)), at::randn({4, 3, 9, 9}));
-  check_randomness(N::FractionalMaxPool2d(N::FractionalMaxPool2dOptions(2).output_ratio(0.5)), at::randn({3, 9, 9}));
-  check_randomness(N::FractionalMaxPool3d(N::FractionalMaxPool3dOptions(2).output_size(4)), at::randn({2, 2, 9, 9, 9}));
+  check_randomness(N::FractionalMaxPool2d(N::FractionalMaxPool2dOptions(2).output_ratio(0.5)), at::randn({16, 9, 9}));
+  check_randomness(N::FractionalMaxPool3d(N::FractionalMaxPool3dOptions(2).output_size(4)), at::randn({2, 8, 9, 9, 9}));
 
   // A feature dropout's mask covers whole channels, shared or per set; alpha dropout keeps the mean near 0.
   N::Dropout2d channels(0.5);
