@@ -133,6 +133,9 @@ inline at::Tensor sets_as_channels(const stacked& x, std::int64_t sets, bool unb
 // max_pool2d: 2.3 ms for [64, 128, 26, 26] channels-last, 27 ms contiguous).
 // The values are the same.
 inline at::Tensor channels_last(const at::Tensor& input) {
+  // Only libtorch 1.x: 2.6's oneDNN gave grouped convolutions of one input channel per group that differ from
+  // the contiguous ones (tests/test_functional_vmap.cpp).
+  if (::tensordict::detail::compat::torch_major >= 2) return input;
   if (input.dim() != 4 && input.dim() != 5) return input;
   const auto format = input.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
   at::Tensor out = input.contiguous(format);
@@ -180,8 +183,9 @@ struct batched<Impl> {
     const at::Tensor bias = p.leaf(1).defined() ? p.leaf(1).reshape({-1}) : at::Tensor();
     at::Tensor y;
     if constexpr (!detail::is_transposed_conv<Impl>)
-      if (!x.mapped && m.options.groups() == 1) {
-        // A shared input meets every set's filters in one convolution of sets * out channels (no copies of the input).
+      if (!x.mapped && m.options.groups() == 1 && ::tensordict::detail::compat::torch_major < 2) {
+        // A shared input meets every set's filters in one convolution of sets * out channels (no copies of the
+        // input). Only libtorch 1.x: on 2.6 the first layer's weight gradients came out different from the loop's.
         y = detail::conv_nd(m, detail::channels_last(unbatched ? x.value.unsqueeze(0) : x.value), weight, bias,
                             m.options.padding(), 1);
         return {detail::channels_as_sets(y, ctx.sets, unbatched), true, true};
