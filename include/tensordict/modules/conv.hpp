@@ -190,10 +190,7 @@ struct batched<Impl> {
                             m.options.padding(), 1);
         return {detail::channels_as_sets(y, ctx.sets, unbatched), true, true};
       }
-    // (One input channel per group stays as it is: libtorch 2.6's oneDNN computes that grouped convolution wrong
-    // in channels-last memory, where it is a depthwise one.)
-    const at::Tensor grouped = detail::sets_as_channels(x, ctx.sets, unbatched);
-    const at::Tensor input = w.size(2) == 1 ? grouped : detail::channels_last(grouped);
+    const at::Tensor input = detail::channels_last(detail::sets_as_channels(x, ctx.sets, unbatched));
     const std::int64_t groups = ctx.sets * m.options.groups();
     if constexpr (detail::is_transposed_conv<Impl>)
       y = detail::conv_transpose_nd(m, input, weight, bias, groups);
