@@ -354,6 +354,41 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     return *this;
   }
 
+  // Python's td.set_at_(key, value, index): value written into the leaf at
+  // `indices` along the batch dims (as td[key][index] = value), checked first
+  // (tensordict_ops::index_put_ says how); also on a locked TensorDict.
+  AnyTensorDict& set_at_(c10::ArrayRef<std::string> path, const at::Tensor& value, c10::ArrayRef<at::indexing::TensorIndex> indices) {
+    std::vector<pending_write> writes{{get(path), value}};
+    return write_at(writes, indices, "set_at_", [&](std::size_t) { return to_string(path); });
+  }
+  AnyTensorDict& set_at_(c10::ArrayRef<std::string> path, const at::Tensor& value, std::initializer_list<at::indexing::TensorIndex> indices) {
+    return set_at_(path, value, c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
+  }
+  // Python's td.update_at_(other, index): every leaf of other written into the
+  // leaf at its key path here (which must exist), at `indices`; other may hold
+  // a part of this TensorDict's keys. All checked before the first write.
+  AnyTensorDict& update_at_(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices) {
+    std::vector<pending_write> writes;
+    writes.reserve(other.leaf_count());
+    other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      auto at = resolve(path, "AnyTensorDict.update_at_");
+      if (!at.node->is_leaf(at.index))
+        throw key_error("AnyTensorDict.update_at_: " + to_string(path) + " is a sub-tree here and a tensor in other");
+      writes.push_back({at.node->tensors[at.index], t});
+    });
+    return write_at(writes, indices, "update_at_", [&](std::size_t k) {  // other's k-th leaf
+      std::string name;
+      std::size_t n = 0;
+      other.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
+        if (n++ == k) name = to_string(path);
+      });
+      return name;
+    });
+  }
+  AnyTensorDict& update_at_(const AnyTensorDict& other, std::initializer_list<at::indexing::TensorIndex> indices) {
+    return update_at_(other, c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
+  }
+
   // ---- sub-trees: select, exclude, rename_key_, update ----------------------------
 
   // A new TensorDict of the given keys (paths may be nested), over the same

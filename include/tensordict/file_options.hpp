@@ -19,6 +19,18 @@
 // not aligned to their element size in the file are copied. It is the default
 // of load_memmap(): a memmap directory is file-backed by design, as Python
 // tensordict's.
+//
+// load_memory::shared (load_memmap and memmap_like only) maps each file
+// shared, for reading and writing: a write into a loaded tensor (set_, an
+// indexed write, an in-place op) is a write into the file, seen at once by
+// every process that maps it (another load_memmap with shared or mapped
+// memory, Python's load_memmap, numpy.memmap) and by later readers once the
+// kernel writes the page back (at the latest when the mapping goes). Writes
+// are not atomic: a reader may see a row half written; a collector that
+// hands rows to a reader in another process publishes them after writing
+// (a counter in a leaf of its own). The directory must be writable; the files
+// keep their size, so a TensorDict loaded shared is locked: its leaves can be
+// written in place, never replaced (a replaced leaf would no longer reach the file).
 #pragma once
 
 #include <cstddef>
@@ -26,14 +38,14 @@
 
 namespace tensordict {
 
-enum class load_memory { mapped, owned };
+enum class load_memory { mapped, owned, shared };
 
 struct load_options {
   // Values that are not tensors (a checkpoint's "epoch": 3; a memmap
   // directory's non-tensor entries) are left out instead of refused.
   bool skip_non_tensors = false;
   // Unset: the format's default (owned for torch.save and safetensors files,
-  // mapped for memmap directories).
+  // mapped for memmap directories). shared: memmap directories only.
   std::optional<load_memory> memory{};
   // torch.save files: check the CRC-32 of every tensor record, which reads the
   // whole file. Owned loads always check; mapped ones check the records that

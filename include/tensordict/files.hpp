@@ -209,6 +209,7 @@ inline AnyTensorDict load_from_string(std::string_view bytes, const load_options
 // Owned (the default) reads the file into memory and copies the tensors out
 // of it; mapped points them into a mapping of the file (file_options.hpp).
 inline AnyTensorDict load(const std::string& path, const load_options& options = {}) {
+  detail::refuse_shared(options, "tensordict::load", path);
   if (options.memory.value_or(load_memory::owned) == load_memory::owned) {
     const std::string bytes = detail::read_file(path, "tensordict::load");
     return detail::naming_the_file("tensordict::load", path, [&] { return detail::load_parsed(bytes, nullptr, options); });

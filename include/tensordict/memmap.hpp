@@ -18,6 +18,9 @@
 // "shape", "device" or "_type", which meta.json uses itself.
 #pragma once
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -56,15 +59,16 @@ inline void load_memmap_level(AnyTensorDict& out, const std::filesystem::path& d
       const std::string file_path = (dir / (e.name + ".memmap")).string();
       const at::ScalarType dtype = checked_scalar_type(*e.dtype, to_string(path));
       // Owned: read without a mapping (nothing done to the file later reaches the tensor).
-      const bool mapped = options.memory.value_or(load_memory::mapped) == load_memory::mapped;
-      const auto file = mapped ? mapped_file::open(file_path, "") : nullptr;
+      const load_memory memory = options.memory.value_or(load_memory::mapped);
+      const bool mapped = memory != load_memory::owned;
+      const auto file = mapped ? mapped_file::open(file_path, "", memory == load_memory::shared) : nullptr;
       const std::string owned = mapped ? std::string() : read_file(file_path, "");
       const std::string_view bytes = mapped ? file->bytes() : std::string_view(owned);
       if (bytes.size() != e.bytes)
         throw file_error(file_path + " has " + std::to_string(bytes.size()) + " bytes; " + where + " says " +
                          std::string(e.dtype->torch_name) + " of shape " + c10::str(c10::IntArrayRef(e.shape)) + ", " +
                          std::to_string(e.bytes) + " bytes");
-      out.set({e.name}, tensor_over(file, bytes, dtype, mapped ? load_memory::mapped : load_memory::owned).view(e.shape));
+      out.set({e.name}, tensor_over(file, bytes, dtype, memory).view(e.shape));
     } else if (e.type == memmap::entry::kind::nested) {
       const auto sub = dir / e.name;
       std::error_code ec;
@@ -103,7 +107,9 @@ inline void check_memmap_savable(const AnyTensorDict& td, any_key_path& path) {
   }
 }
 
-inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::path& dir, const nlohmann::ordered_json& device) {
+// with_data false: each file full size and zero, without writing it (memmap_like).
+inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::path& dir, const nlohmann::ordered_json& device,
+                              bool with_data) {
   std::error_code ec;
   if (!std::filesystem::create_directory(dir, ec) || ec)
     throw file_error("cannot create the directory " + dir.string() + ": " + (ec ? ec.message() : "it exists"));
@@ -111,13 +117,17 @@ inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::pa
   for (const std::string& name : td.level_keys()) {
     if (td.is_leaf({name})) {
       const at::Tensor& t = td.get({name});
-      const at::Tensor bytes = file_contiguous(t);
-      write_new_file(dir / (name + ".memmap"), static_cast<const char*>(bytes.data_ptr()), bytes.nbytes(), "");
+      if (with_data) {
+        const at::Tensor bytes = file_contiguous(t);
+        write_new_file(dir / (name + ".memmap"), static_cast<const char*>(bytes.data_ptr()), bytes.nbytes(), "");
+      } else {
+        create_sized_file(dir / (name + ".memmap"), static_cast<std::uint64_t>(t.numel()) * t.element_size(), "");
+      }
       meta[name] = {{"device", t.device().str()},
                     {"shape", std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end())},
                     {"dtype", file_dtype_of(t.scalar_type())->torch_name}};
     } else {
-      save_memmap_level(td.get_tensordict({name}), dir / name, device);
+      save_memmap_level(td.get_tensordict({name}), dir / name, device, with_data);
       meta[name] = {{"type", "TensorDict"}};
     }
   }
@@ -140,19 +150,20 @@ inline AnyTensorDict load_memmap(const std::string& dir, const load_options& opt
     AnyTensorDict out(level.batch_size, device);
     any_key_path path;
     detail::load_memmap_level(out, dir, level, path, options);
-    return detail::with_loaded_batch(std::move(out), options);
+    out = detail::with_loaded_batch(std::move(out), options);
+    if (options.memory == load_memory::shared) out.lock_();  // a replaced leaf would no longer reach its file
+    return out;
   });
 }
 
-// Writes into a directory of its own beside `dir` and puts it in place in
-// one step (detail::replace_directory), so `dir` is the old or the new one
-// whole. Keys and dtypes are checked before anything is written; a failed
-// save removes what it created (folders above `dir` included) and throws
-// file_error naming `dir` and the reason. A TensorDict without a device
-// writes the device "None", which Python tensordict reads back as none.
-inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
+namespace detail {
+
+// Writes the directory beside `dir` and puts it in place in one step; a
+// failed write removes what it created (folders above `dir` included).
+// replace: an existing `dir` is replaced (save_memmap); else it is refused.
+inline void write_memmap_directory(const AnyTensorDict& td, const std::string& dir, const char* verb, bool with_data, bool replace) {
   namespace fs = std::filesystem;
-  const std::string where = "tensordict::save_memmap(\"" + dir + "\"): ";
+  const std::string where = std::string(verb) + "(\"" + dir + "\"): ";
   if (dir.empty()) throw file_error(where + "the path is empty");
   fs::path normal = fs::path(dir).lexically_normal();
   if (!normal.has_filename()) normal = normal.parent_path();  // "out/params/"
@@ -160,20 +171,24 @@ inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
   if (normal.empty() || name == "." || name == "..")
     throw file_error(where + "it names the current or a parent directory; give the TensorDict a directory of its own "
                      "(\"out/params\")");
-  const fs::path target = detail::write_target(normal.string(), where);
+  const fs::path target = write_target(normal.string(), where);
   std::error_code ec;
   if (fs::exists(fs::symlink_status(target, ec)) && !fs::is_directory(target, ec))
     throw file_error(where + "it exists and is not a directory");
+  const auto refuse_existing = [&] {
+    throw file_error(where + "it exists; reopen it with load_memmap(dir, {.memory = load_memory::shared}), or remove it first");
+  };
+  if (!replace && fs::exists(target, ec) && !fs::is_empty(target, ec)) refuse_existing();
   any_key_path path;
   try {
-    detail::check_memmap_savable(td, path);
+    check_memmap_savable(td, path);
   } catch (const file_error& e) {
     throw file_error(where + e.what());
   }
 
-  fs::path created;  // the outermost folder above `dir` that this save creates
+  fs::path created;  // the outermost folder above `dir` that this call creates
   for (fs::path p = target.parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) created = p;
-  const fs::path partial = detail::unique_beside(target, "tensordict-partial");
+  const fs::path partial = unique_beside(target, "tensordict-partial");
   auto undo = [&] {
     fs::remove_all(partial, ec);
     if (!created.empty()) fs::remove_all(created, ec);
@@ -181,8 +196,13 @@ inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
   try {
     if (!created.empty()) fs::create_directories(target.parent_path());
     const nlohmann::ordered_json device = td.device() ? td.device()->str() : "None";
-    detail::save_memmap_level(td, partial, device);
-    detail::replace_directory(partial, target, where);
+    save_memmap_level(td, partial, device, with_data);
+    if (replace) {
+      replace_directory(partial, target, where);
+    } else if (std::rename(partial.c_str(), target.c_str()) != 0) {  // only where `dir` is missing or empty
+      if (errno == EEXIST || errno == ENOTEMPTY) refuse_existing();
+      throw file_error(where + "cannot put the directory in place: " + std::strerror(errno));
+    }
   } catch (const fs::filesystem_error& e) {
     undo();
     throw file_error(where + e.what());
@@ -196,16 +216,62 @@ inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
   }
 }
 
+}  // namespace detail
+
+// Writes into a directory of its own beside `dir` and puts it in place in
+// one step (detail::replace_directory), so `dir` is the old or the new one
+// whole. Keys and dtypes are checked before anything is written; a failed
+// save removes what it created (folders above `dir` included) and throws
+// file_error naming `dir` and the reason. A TensorDict without a device
+// writes the device "None", which Python tensordict reads back as none.
+inline void save_memmap(const AnyTensorDict& td, const std::string& dir) {
+  detail::write_memmap_directory(td, dir, "tensordict::save_memmap", /*with_data=*/true, /*replace=*/true);
+}
+
+// Python's td.memmap_like(dir): a memmap directory with `like`'s keys,
+// shapes, dtypes and batch size, whose files are full size and zero without
+// being written (sparse where the file system allows), loaded shared
+// (load_memory::shared: writes into the result reach the files) and locked.
+// Write rows into it with index_put_ / update_at_ / set_at_; Python's
+// TensorDict.load_memmap(dir) reads it meanwhile. `dir` must not exist (or be
+// empty): reopen a buffer with load_memmap(dir, {.memory = load_memory::shared}).
+// The directory appears whole (meta.json included) or not at all.
+inline AnyTensorDict memmap_like(const AnyTensorDict& like, const std::string& dir) {
+  detail::write_memmap_directory(like, dir, "tensordict::memmap_like", /*with_data=*/false, /*replace=*/false);
+  load_options options;
+  options.memory = load_memory::shared;
+  return load_memmap(dir, options);
+}
+
 // Into a typed TensorDict: every key must be a leaf of S; unset leaves stay unset.
 template <schema_type S>
 TensorDict<S> load_memmap(const std::string& dir, const load_options& options = {}) {
-  return detail::naming_the_file("tensordict::load_memmap", dir, [&] { return detail::typed_from_file<S>(load_memmap(dir, options)); });
+  return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
+    TensorDict<S> out = detail::typed_from_file<S>(load_memmap(dir, options));
+    if (options.memory == load_memory::shared) out.lock_();
+    return out;
+  });
 }
 
 // As load_memmap<S>, and the keys, shapes and dtypes must be those of `like`.
 template <schema_type S>
 TensorDict<S> load_memmap(const std::string& dir, const TensorDict<S>& like, const load_options& options = {}) {
-  return detail::naming_the_file("tensordict::load_memmap", dir, [&] { return detail::typed_from_file(load_memmap(dir, options), like); });
+  return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
+    TensorDict<S> out = detail::typed_from_file(load_memmap(dir, options), like);
+    if (options.memory == load_memory::shared) out.lock_();
+    return out;
+  });
+}
+
+// As memmap_like, typed as `like`.
+template <schema_type S>
+TensorDict<S> memmap_like(const TensorDict<S>& like, const std::string& dir) {
+  const AnyTensorDict loaded = memmap_like(AnyTensorDict(like), dir);
+  return detail::naming_the_file("tensordict::memmap_like", dir, [&] {
+    TensorDict<S> out = detail::typed_from_file(loaded, like);
+    out.lock_();
+    return out;
+  });
 }
 
 }  // namespace tensordict

@@ -154,6 +154,7 @@ inline AnyTensorDict load_safetensors_from_string(std::string_view bytes, const 
 // Owned (the default) reads the file into memory and copies the tensors out
 // of it; mapped points them into a mapping of the file (file_options.hpp).
 inline AnyTensorDict load_safetensors(const std::string& path, const load_options& options = {}) {
+  detail::refuse_shared(options, "tensordict::load_safetensors", path);
   if (options.memory.value_or(load_memory::owned) == load_memory::owned) {
     const std::string bytes = detail::read_file(path, "tensordict::load_safetensors");
     return detail::naming_the_file("tensordict::load_safetensors", path,

@@ -20,6 +20,7 @@
 #include "module_registry.hpp"
 #include "modules.hpp"
 #include "params.hpp"
+#include "preallocate.hpp"
 #include "probabilistic.hpp"
 #include "reset_parameters.hpp"
 #include "schema.hpp"

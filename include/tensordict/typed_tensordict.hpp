@@ -229,6 +229,59 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     return *this;
   }
 
+  // Python's td.set_at_(key, value, index): value written into the leaf at
+  // `indices` along the batch dims (as td[key][index] = value), checked first
+  // (tensordict_ops::index_put_ says how); also on a locked TensorDict.
+  template <key... Path>
+  TensorDict& set_at_(const at::Tensor& value, c10::ArrayRef<at::indexing::TensorIndex> indices) {
+    static_assert(sizeof...(Path) > 0, "tensordict: set_at_<...>(value, index) needs a key path, e.g. set_at_<\"obs\">(t, {i}).");
+    using error = detail::path_error<S, Path...>;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+    } else {
+      using r = detail::resolve<S, Path...>;
+      static_assert(std::is_same_v<typename r::type, tensor_leaf>,
+                    "tensordict: set_at_<...>(tensor, index) writes into a leaf; this key path names a sub-tree. Use update_at_(other, index).");
+      if (!slot(r::leaf_offset).defined()) throw_unset(r::leaf_offset);
+      std::vector<typename ops::pending_write> writes{{slot(r::leaf_offset), value}};
+      this->write_at(writes, indices, "set_at_", [](std::size_t) { return path_of(r::leaf_offset); });
+    }
+    return *this;
+  }
+  template <key... Path>
+  TensorDict& set_at_(const at::Tensor& value, std::initializer_list<at::indexing::TensorIndex> indices) {
+    return set_at_<Path...>(value, c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
+  }
+  // Python's td.update_at_(other, index): other's set leaves written into
+  // this TensorDict's at `indices`. other's schema must be a part of this
+  // one's (a compile error names the first key that is not), so a sub-schema
+  // writes a part of each row; its leaves must be set here.
+  template <schema_type P>
+  TensorDict& update_at_(const TensorDict<P>& other, c10::ArrayRef<at::indexing::TensorIndex> indices) {
+    using error = typename detail::embedding<P, S>::error;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+    } else {
+      constexpr auto& where = detail::embedding<P, S>::leaves;
+      std::vector<typename ops::pending_write> writes;
+      writes.reserve(P::leaf_count);
+      std::array<std::size_t, P::leaf_count> written{};  // the leaf here of each write
+      for (std::size_t i = 0; i < P::leaf_count; ++i) {
+        if (!other.leaf(i).defined()) continue;
+        if (!slot(where[i]).defined())
+          throw key_error("TensorDict.update_at_: the leaf " + path_of(where[i]) + " is not set here, so there is nothing to write into");
+        written[writes.size()] = where[i];
+        writes.push_back({slot(where[i]), other.leaf(i)});
+      }
+      this->write_at(writes, indices, "update_at_", [&](std::size_t k) { return path_of(written[k]); });
+    }
+    return *this;
+  }
+  template <schema_type P>
+  TensorDict& update_at_(const TensorDict<P>& other, std::initializer_list<at::indexing::TensorIndex> indices) {
+    return update_at_(other, c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
+  }
+
   // ---- sub-schemas: select, exclude, rename_key, update ------------------------
 
   // The top-level fields Keys (in that order), over the same tensors.

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Python's torch.load reads what tensordict::save writes.
+"""Python reads what tensordict::save, save_safetensors and memmap_like write.
 
 Usage: check_python_reads.py UNIT_TESTS_BINARY
 Runs the hidden "[.python_interop]" test case to write the files, then loads
@@ -9,10 +9,12 @@ on), and with weights_only=True and weights_only=False spelled out; and the
 installed (Debian 13: python3-safetensors). Exits 77 (skipped) when this Python has no torch: the test
 suite never needs Python, this check runs where python3-torch is installed.
 """
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 
 try:
     import torch
@@ -72,3 +74,66 @@ with tempfile.TemporaryDirectory() as out:
         with safe_open(path, framework="pt") as f:
             assert f.metadata() == {"format": "pt", "by": "tensordict-cpp"}, f.metadata()
         print("safetensors reads tensordict::save_safetensors files: dtypes, strides, dotted names, metadata")
+
+
+def read_memmap(directory):
+    """A memmap directory's leaves as nested dicts: tensordict's load_memmap
+    where tensordict is importable, else the raw files through meta.json."""
+    try:
+        from tensordict import TensorDict
+    except ImportError:
+        pass
+    else:
+        return TensorDict.load_memmap(directory).to_dict()
+    with open(os.path.join(directory, "meta.json")) as f:
+        meta = json.load(f)
+    out = {}
+    for key, entry in meta.items():
+        if key in ("shape", "device", "_type"):
+            continue
+        if entry.get("type") == "TensorDict":
+            out[key] = read_memmap(os.path.join(directory, key))
+            continue
+        n = 1
+        for s in entry["shape"]:
+            n *= s
+        dtype = getattr(torch, entry["dtype"].split(".")[1])
+        out[key] = torch.from_file(os.path.join(directory, key + ".memmap"), shared=False, size=n,
+                                   dtype=dtype).reshape(entry["shape"])
+    return out
+
+
+def batch_rows(n, start):
+    """test_storage.cpp's any_batch(n, start)."""
+    obs = (torch.arange(n * 4, dtype=torch.float32) + start).reshape(n, 4)
+    return {"obs": obs, "action": torch.arange(n) + 10, "reward": torch.arange(n, dtype=torch.float32) + start,
+            "next": {"obs": obs + 100}}
+
+
+def check_rows(loaded, rows, expected):
+    for key, want in expected.items():
+        if isinstance(want, dict):
+            check_rows(loaded[key], rows, want)
+        else:
+            assert torch.equal(loaded[key][rows], want), (key, loaded[key][rows], want)
+
+
+# A memmap buffer that tensordict::memmap_like made and index_put_ fills,
+# read while the writing process still runs (after its first half), then whole.
+with tempfile.TemporaryDirectory() as out:
+    writer = subprocess.Popen([sys.argv[1], "[.python_memmap_fill]"], env=dict(os.environ, TENSORDICT_OUT=out),
+                              stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(out, "half_written")):
+        assert writer.poll() is None, "the writer ended before writing the first half"
+        assert time.monotonic() < deadline, "no first half after 120 s"
+        time.sleep(0.02)
+    half = read_memmap(os.path.join(out, "buffer"))
+    check_rows(half, slice(0, 4), batch_rows(4, 1))
+    check_rows(half, slice(4, 8), {"obs": torch.zeros(4, 4), "reward": torch.zeros(4)})
+    open(os.path.join(out, "half_read"), "w").close()
+    assert writer.wait(timeout=120) == 0, "the writer failed"
+    whole = read_memmap(os.path.join(out, "buffer"))
+    check_rows(whole, slice(0, 4), batch_rows(4, 1))
+    check_rows(whole, slice(4, 8), batch_rows(4, 5))
+    print("Python reads a tensordict::memmap_like buffer while index_put_ fills it, and after")

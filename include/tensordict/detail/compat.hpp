@@ -15,6 +15,9 @@
 #ifndef TENSORDICT_DETAIL_COMPAT_CORE
 #define TENSORDICT_DETAIL_COMPAT_CORE
 
+#include <cstdint>
+#include <type_traits>
+
 #include <torch/version.h>
 
 #if __has_include(<c10/util/variant.h>)
@@ -35,6 +38,14 @@ using c10::get_if;
 using std::get;
 using std::get_if;
 #endif
+
+// A slice bound (at::indexing::Slice::start() and the like: c10::SymInt from
+// libtorch 2.0, int64_t before) as an int64_t.
+template <class Int>
+std::int64_t as_int(const Int& value) {
+  if constexpr (std::is_integral_v<Int>) return value;
+  else return value.expect_int();
+}
 
 // Whether libtorch's own RNN/LSTM/GRU forward is one fused kernel for
 // tensors on CUDA (cuDNN) or, with oneDNN enabled, on the CPU: from libtorch

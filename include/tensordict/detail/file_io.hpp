@@ -7,6 +7,7 @@
 // written in place, which copies the touched pages into this process's memory
 // and never changes the file (nor is a change of the file by another process
 // guaranteed to stay invisible: pages not yet touched are read from the file).
+// A shared one (MAP_SHARED, the file opened for writing) writes through to the file.
 #pragma once
 
 #include <fcntl.h>
@@ -39,11 +40,11 @@ inline std::string naming(const char* verb, const std::string& path) {
 class mapped_file {
  public:
   // `verb` names the call in errors ("tensordict::load"; see naming).
-  static std::shared_ptr<const mapped_file> open(const std::string& path, const char* verb) {
+  static std::shared_ptr<const mapped_file> open(const std::string& path, const char* verb, bool shared = false) {
     const std::string where = naming(verb, path);
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) throw file_error(where + "it is a directory, not a file");
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), (shared ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0) throw file_error(where + "cannot open it: " + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -54,7 +55,7 @@ class mapped_file {
     auto out = std::shared_ptr<mapped_file>(new mapped_file());
     out->size_ = static_cast<std::size_t>(st.st_size);
     if (out->size_ > 0) {
-      void* data = ::mmap(nullptr, out->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+      void* data = ::mmap(nullptr, out->size_, PROT_READ | PROT_WRITE, shared ? MAP_SHARED : MAP_PRIVATE, fd, 0);
       if (data == MAP_FAILED) {
         const int error = errno;
         ::close(fd);
@@ -73,7 +74,7 @@ class mapped_file {
   }
 
   std::string_view bytes() const { return {data_, size_}; }
-  // Writable through copy-on-write; for tensors that point into the file.
+  // Writable (through copy-on-write unless shared); for tensors that point into the file.
   char* data() const { return data_; }
   std::size_t size() const { return size_; }
 
@@ -164,6 +165,19 @@ inline void write_new_file(const std::filesystem::path& file, const char* data, 
     const int error = errno;
     ::unlink(file.c_str());
     throw file_error(where + "writing " + file.string() + " failed: " + std::strerror(error));
+  }
+}
+
+// A new file of `size` zero bytes, which takes no space until written where
+// the file system has sparse files (ftruncate).
+inline void create_sized_file(const std::filesystem::path& file, std::uint64_t size, const std::string& where) {
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) throw file_error(where + "cannot create " + file.string() + ": " + std::strerror(errno));
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 || ::close(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(file.c_str());
+    throw file_error(where + "cannot give " + file.string() + " its size of " + std::to_string(size) + " bytes: " + std::strerror(error));
   }
 }
 

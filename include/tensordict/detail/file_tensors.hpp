@@ -65,6 +65,14 @@ inline at::ScalarType checked_scalar_type(const file_dtype& d, const std::string
                    ") does not have");
 }
 
+// load_memory::shared writes through to memmap files only: a tensor written
+// into a torch.save or safetensors file would not change what its header says.
+inline void refuse_shared(const load_options& options, const char* verb, const std::string& path) {
+  if (options.memory == load_memory::shared)
+    throw value_error(naming(verb, path) + "load_memory::shared maps memmap directories only (tensordict::load_memmap); "
+                      "load with load_memory::mapped or owned, or save_memmap the TensorDict and load that shared");
+}
+
 // A 1-D tensor of the bytes' elements: pointing into the mapping (kept alive
 // by the tensor) when mapped and aligned, else copied.
 inline at::Tensor tensor_over(const std::shared_ptr<const mapped_file>& file, std::string_view bytes, at::ScalarType dtype,
@@ -73,7 +81,7 @@ inline at::Tensor tensor_over(const std::shared_ptr<const mapped_file>& file, st
   const auto numel = static_cast<std::int64_t>(bytes.size() / element);
   const auto options = at::TensorOptions().dtype(dtype);
   const bool aligned = reinterpret_cast<std::uintptr_t>(bytes.data()) % element == 0;
-  if (memory == load_memory::mapped && file && numel > 0 && aligned) {
+  if (memory != load_memory::owned && file && numel > 0 && aligned) {
     char* data = file->data() + (bytes.data() - file->bytes().data());
     return at::from_blob(data, {numel}, [keep = file](void*) {}, options);
   }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -22,13 +23,17 @@
 
 #include <ATen/TensorIndexing.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/SmallVector.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/result_type.h>
 #include <ATen/ops/rsub.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/ScalarType.h>
 
 #include "../errors.hpp"
+#include "compat.hpp"
 #include "format.hpp"
 
 namespace tensordict {
@@ -228,18 +233,32 @@ class tensordict_ops {
   // libtorch gives views (integers, slices).
   Derived index(c10::ArrayRef<at::indexing::TensorIndex> indices) const {
     auto batch = batch_indices(indices, self().batch_size().size());
-    // The result's batch size is what the same index does to a tensor of the
-    // batch shape, on the device of the index tensors (a CUDA mask cannot index a CPU tensor).
-    at::Device probe_device = at::kCPU;
-    for (const auto& i : batch)
-      if (i.is_tensor()) probe_device = i.tensor().device();
-    auto probe = at::zeros({}, at::TensorOptions(at::kByte).device(probe_device)).expand(self().batch_size()).index(batch);
-    return self().apply([&](const at::Tensor& t) { return t.index(batch); }, probe.sizes());
+    const auto indexed = indexed_batch(batch, "index");
+    return self().apply([&](const at::Tensor& t) { return t.index(batch); }, indexed);
   }
   Derived index(std::initializer_list<at::indexing::TensorIndex> indices) const {
     return index(c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
   }
   Derived operator[](std::int64_t i) const { return index({at::indexing::TensorIndex(i)}); }
+
+  // Python's td[indices] = other: other's leaves written into this
+  // TensorDict's at `indices` along the batch dims (integers, slices, index
+  // tensors, boolean masks, an Ellipsis). other has the same keys; its leading
+  // dims are those of index(indices), or broadcast to them. Every key, shape,
+  // dtype (one that the leaf's cannot hold without changing kind, as an in-place
+  // op refuses: at::canCast) and index is checked before the first byte is
+  // written, so a failed write leaves this TensorDict as it was. The leaves
+  // keep their storage, so this works on a locked TensorDict (and writes
+  // through to a file a memmap leaf maps shared). update_at_ writes a part.
+  Derived& index_put_(c10::ArrayRef<at::indexing::TensorIndex> indices, const Derived& other) {
+    // The same number of leaves, and update_at_ finds each of other's here: the same keys.
+    if (self().values().size() != other.values().size())
+      (void)self().compare(other, "index_put_", [](const at::Tensor& mine, const at::Tensor&) { return mine; });
+    return static_cast<Derived&>(*this).update_at_(other, indices);
+  }
+  Derived& index_put_(std::initializer_list<at::indexing::TensorIndex> indices, const Derived& other) {
+    return index_put_(c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()), other);
+  }
 
   std::vector<Derived> unbind(std::int64_t dim = 0) const {
     dim = batch_dim(dim, "unbind");
@@ -558,6 +577,152 @@ class tensordict_ops {
   }
 
  protected:
+  // The batch size of index(batch): what the same index does to a tensor of
+  // the batch shape, on the device of the index tensors (a CUDA mask cannot
+  // index a CPU tensor). Checks the indices against the batch size.
+  std::vector<std::int64_t> indexed_batch(c10::ArrayRef<at::indexing::TensorIndex> batch, const char* op) const {
+    if (const auto rows = leading_rows(batch); rows.kind != row_index::other) {
+      const c10::IntArrayRef b = self().batch_size();
+      std::vector<std::int64_t> out;
+      if (rows.kind != row_index::single) out.push_back(rows.count);
+      out.insert(out.end(), b.begin() + 1, b.end());
+      if (rows.kind == row_index::single && (rows.start < 0 || rows.start >= b[0]))
+        throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(b) + ": index " +
+                          std::to_string(rows.start) + " is out of bounds for batch dim 0 of size " + std::to_string(b[0]));
+      if (rows.kind == row_index::list)
+        for (std::int64_t k = 0; k < rows.count; ++k)
+          if (rows.list[k] < -b[0] || rows.list[k] >= b[0])
+            throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(b) +
+                              ": index " + std::to_string(rows.list[k]) + " is out of bounds for batch dim 0 of size " +
+                              std::to_string(b[0]));
+      return out;
+    }
+    at::Device probe_device = at::kCPU;
+    for (const auto& i : batch)
+      if (i.is_tensor()) probe_device = i.tensor().device();
+    try {
+      return at::zeros({}, at::TensorOptions(at::kByte).device(probe_device)).expand(self().batch_size()).index(batch).sizes().vec();
+    } catch (const c10::Error& e) {
+      throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(self().batch_size()) +
+                        ": " + e.what_without_backtrace());
+    }
+  }
+
+  // Indices that select rows of the first batch dim only (the others whole):
+  // one row, a range of rows, or a list of rows (a 1-D int64 CPU tensor),
+  // which indexed writes copy row by row without libtorch's indexing.
+  enum class row_index { other, single, range, list };
+  struct leading_rows_t {
+    row_index kind = row_index::other;
+    std::int64_t start = 0, count = 0;  // single: start; range: [start, start + count)
+    const std::int64_t* list = nullptr;  // list: count rows, each possibly negative
+  };
+  leading_rows_t leading_rows(c10::ArrayRef<at::indexing::TensorIndex> batch) const {
+    const c10::IntArrayRef b = self().batch_size();
+    leading_rows_t out;
+    if (b.empty() || batch.size() != b.size()) return out;
+    for (std::size_t d = 1; d < batch.size(); ++d) {
+      if (!batch[d].is_slice()) return out;
+      const auto& s = batch[d].slice();
+      if (compat::as_int(s.start()) != 0 || compat::as_int(s.step()) != 1 || compat::as_int(s.stop()) < b[d]) return out;
+    }
+    const auto& first = batch[0];
+    if (first.is_integer()) {
+      out.kind = row_index::single;
+      out.start = first.integer() < 0 ? first.integer() + b[0] : first.integer();
+    } else if (first.is_slice()) {
+      const auto& s = first.slice();
+      if (compat::as_int(s.step()) != 1) return out;
+      auto bound = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + b[0] : v, 0, b[0]); };
+      out.kind = row_index::range;
+      out.start = bound(compat::as_int(s.start()));
+      out.count = std::max<std::int64_t>(bound(compat::as_int(s.stop())) - out.start, 0);
+    } else if (first.is_tensor()) {
+      const at::Tensor& t = first.tensor();
+      if (t.scalar_type() != at::kLong || t.dim() != 1 || !t.is_cpu() || !t.is_contiguous()) return out;
+      out.kind = row_index::list;
+      out.count = t.size(0);
+      out.list = t.data_ptr<std::int64_t>();
+    }
+    return out;
+  }
+  // Writes value's rows into the leaf by memcpy, where that is all the write
+  // does: a dense CPU leaf, a value of its dtype and of the exact target shape,
+  // and no autograd to record. Returns false (nothing written) otherwise.
+  static bool copy_rows(const at::Tensor& leaf, const at::Tensor& value, const leading_rows_t& rows, c10::IntArrayRef target) {
+    if (rows.kind == row_index::other || !leaf.is_cpu() || leaf.layout() != at::kStrided || !leaf.is_contiguous() ||
+        leaf.is_inference() || !value.is_cpu() || value.layout() != at::kStrided || !value.is_contiguous() ||
+        value.scalar_type() != leaf.scalar_type() || value.sizes() != target ||
+        (at::GradMode::is_enabled() && (leaf.requires_grad() || value.requires_grad())))
+      return false;
+    const std::int64_t row = leaf.size(0) == 0 ? 0 : static_cast<std::int64_t>(leaf.nbytes()) / leaf.size(0);
+    char* to = static_cast<char*>(leaf.data_ptr());
+    const char* from = static_cast<const char*>(value.data_ptr());
+    if (rows.kind == row_index::list) {
+      const auto at = [&](std::int64_t k) { return rows.list[k] < 0 ? rows.list[k] + leaf.size(0) : rows.list[k]; };
+      for (std::int64_t k = 0, run = 1; k < rows.count; k += run) {  // runs of consecutive rows in one memcpy
+        for (run = 1; k + run < rows.count && at(k + run) == at(k) + run;) ++run;
+        std::memcpy(to + at(k) * row, from + k * row, static_cast<std::size_t>(run * row));
+      }
+    } else if (value.nbytes() > 0) {
+      std::memcpy(to + rows.start * row, from, value.nbytes());
+    }
+    leaf.unsafeGetTensorImpl()->bump_version();  // as an in-place op: autograd sees the leaf changed
+    return true;
+  }
+
+  // One leaf's part of an indexed write (set_at_, update_at_, index_put_).
+  struct pending_write {
+    at::Tensor leaf;
+    at::Tensor value;
+  };
+  // Checks every write, then makes them all: writes[k].value into
+  // writes[k].leaf at `indices` along this TensorDict's batch dims.
+  // name_of(k) names write k's key path in errors (built only for one).
+  template <class NameOf>
+  Derived& write_at(std::vector<pending_write>& writes, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op,
+                    const NameOf& name_of) {
+    const std::size_t nb = self().batch_size().size();
+    const auto batch = batch_indices(indices, nb);
+    const std::vector<std::int64_t> indexed = indexed_batch(batch, op);
+    std::vector<c10::SmallVector<std::int64_t, 6>> targets(writes.size());
+    for (std::size_t k = 0; k < writes.size(); ++k) {
+      pending_write& w = writes[k];
+      const auto where = [&] { return std::string("TensorDict.") + op + "(" + name_of(k) + "): "; };
+      auto& target = targets[k];
+      target.append(indexed.begin(), indexed.end());
+      target.append(w.leaf.sizes().begin() + static_cast<std::ptrdiff_t>(nb), w.leaf.sizes().end());
+      // Leading dims of size 1 beyond the target's go, as for t[i] = value in torch.
+      while (w.value.dim() > static_cast<std::int64_t>(target.size()) && w.value.size(0) == 1) w.value = w.value.squeeze(0);
+      bool fits = w.value.dim() <= static_cast<std::int64_t>(target.size());
+      for (std::int64_t d = 1; fits && d <= w.value.dim(); ++d) {
+        const auto v = w.value.size(w.value.dim() - d);
+        fits = v == 1 || v == target[target.size() - static_cast<std::size_t>(d)];
+      }
+      if (!fits)
+        throw shape_error(where() + "cannot write " + describe(w.value) + " at the index, where the leaf " + describe(w.leaf) +
+                          " has shape " + format_sizes(target) + " (the value must broadcast to it)");
+      if (!c10::canCast(w.value.scalar_type(), w.leaf.scalar_type()))
+        throw dtype_error(where() + "cannot write " + describe(w.value) + " into the leaf " + describe(w.leaf) +
+                          " (a cast that changes the kind of number); convert the value first with .to(...)");
+      if (w.leaf.requires_grad() && w.leaf.is_leaf() && at::GradMode::is_enabled())
+        throw value_error(where() + "the leaf " + describe(w.leaf) +
+                          " requires grad and is a leaf of the autograd graph, which cannot be written in place; "
+                          "write under at::NoGradGuard");
+    }
+    for (pending_write& w : writes) {
+      // A value over the leaf's own memory is read whole before it is overwritten.
+      if (w.value.device() != w.leaf.device() || w.value.scalar_type() != w.leaf.scalar_type())
+        w.value = w.value.to(w.leaf.device(), w.leaf.scalar_type());
+      else if (w.value.is_alias_of(w.leaf))
+        w.value = w.value.clone();
+    }
+    const leading_rows_t rows = leading_rows(batch);
+    for (std::size_t k = 0; k < writes.size(); ++k)
+      if (!copy_rows(writes[k].leaf, writes[k].value, rows, targets[k])) writes[k].leaf.index_put_(batch, writes[k].value);
+    return static_cast<Derived&>(*this);
+  }
+
   // Names live with the root's batch dims; a nested view with dims of its own cannot name them in place.
   void check_nameable(const char* op) const {
     if (self().named_dims() != self().batch_size().size())

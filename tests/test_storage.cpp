@@ -1,0 +1,335 @@
+// Storage for collectors and replay buffers: preallocation, indexed writes,
+// write-through memmap directories.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "catch_torch.hpp"
+#include "test_helpers.hpp"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+
+#include <tensordict/files.hpp>
+#include <tensordict/memmap.hpp>
+#include <tensordict/preallocate.hpp>
+
+// The exception's type, then its message (a failed write changes nothing, so the call can run twice).
+#define CHECK_THROWS_TYPED(expr, type, matcher) \
+  CHECK_THROWS_AS(expr, type);                  \
+  CHECK_THROWS_WITH(expr, matcher)
+
+using namespace tensordict;
+using at::indexing::Ellipsis;
+using at::indexing::Slice;
+using test::Contains;
+using test::impl;
+using test::temporary_dir;
+
+namespace {
+
+using transition = schema<leaf<"obs">, leaf<"action">, leaf<"reward">, node<"next", leaf<"obs">>>;
+using reward_only = schema<leaf<"reward">>;
+
+at::Tensor rows(std::int64_t n, std::int64_t width, double start = 1) {
+  return (at::arange(n * width, at::kFloat) + start).reshape({n, width});
+}
+
+// A buffer of `capacity` transitions (obs f32[4], action i64[], reward f32[], next.obs f32[4]), all zero.
+AnyTensorDict any_buffer(std::int64_t capacity) {
+  AnyTensorDict sample({{"obs", at::zeros({4})}, {"action", at::zeros({}, at::kLong)}, {"reward", at::zeros({})},
+                        {{"next", "obs"}, at::zeros({4})}});
+  return zeros_like(sample, {capacity});
+}
+
+AnyTensorDict any_batch(std::int64_t n, double start) {
+  return AnyTensorDict({{"obs", rows(n, 4, start)}, {"action", at::arange(n, at::kLong) + 10},
+                        {"reward", at::arange(n, at::kFloat) + start}, {{"next", "obs"}, rows(n, 4, start) + 100}},
+                       {n});
+}
+
+// The values of every leaf, cloned: what a failed write must leave.
+AnyTensorDict snapshot(const AnyTensorDict& td) { return td.clone(); }
+bool same_values(const AnyTensorDict& a, const AnyTensorDict& b) { return (a == b).all(); }
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("zeros_like / empty_like: a new batch size, each leaf's own dims, dtype and device kept", "[storage]") {
+  AnyTensorDict sample({{"obs", at::ones({4})}, {"action", at::ones({}, at::kLong)}});
+  sample.set({"nested"}, AnyTensorDict({{"x", at::ones({2, 3})}}, {2}));  // a level with a batch dim of its own
+  const AnyTensorDict buffer = zeros_like(sample, {5, 3});
+  CHECK(buffer.batch_size().vec() == std::vector<std::int64_t>{5, 3});
+  CHECK(buffer.get("obs").sizes().vec() == std::vector<std::int64_t>{5, 3, 4});
+  CHECK(buffer.get("action").scalar_type() == at::kLong);
+  CHECK(buffer.get("action").sizes().vec() == std::vector<std::int64_t>{5, 3});
+  CHECK(buffer.get_tensordict("nested").batch_size().vec() == std::vector<std::int64_t>{5, 3, 2});
+  CHECK(buffer.get("nested", "x").sizes().vec() == std::vector<std::int64_t>{5, 3, 2, 3});
+  CHECK(buffer.get("obs").count_nonzero().item<std::int64_t>() == 0);
+  CHECK(buffer.get("obs").data_ptr() != sample.get("obs").data_ptr());
+
+  const AnyTensorDict same = empty_like(buffer);
+  CHECK(same.batch_size().vec() == buffer.batch_size().vec());
+  CHECK(same.get("nested", "x").sizes().vec() == buffer.get("nested", "x").sizes().vec());
+
+  // From a batch of 8 rows, a buffer of 100: the batch dims are replaced.
+  const AnyTensorDict from_batch = zeros_like(any_batch(8, 0), {100});
+  CHECK(from_batch.get("next", "obs").sizes().vec() == std::vector<std::int64_t>{100, 4});
+}
+
+TEST_CASE("zeros<S> / empty<S>: a typed buffer from its schema and each leaf's shape and dtype", "[storage]") {
+  auto buffer = zeros<transition>({6}, kv<"obs">(leaf_spec{{4}}), kv<"action">(leaf_spec{{}, at::kLong}),
+                                  kv<"reward">(leaf_spec{{}}), kv<"next", "obs">(leaf_spec{{4}, at::kDouble}));
+  CHECK(buffer.get<"obs">().sizes().vec() == std::vector<std::int64_t>{6, 4});
+  CHECK(buffer.get<"action">().scalar_type() == at::kLong);
+  CHECK(buffer.get<"next", "obs">().scalar_type() == at::kDouble);
+  CHECK(buffer.get<"reward">().sum().item<float>() == 0);
+  const auto like = zeros_like(buffer, {2, 3});
+  CHECK(like.get<"next", "obs">().sizes().vec() == std::vector<std::int64_t>{2, 3, 4});
+  const auto uninitialized = empty<transition>({6}, kv<"obs">(leaf_spec{{4}}), kv<"action">(leaf_spec{{}, at::kLong}),
+                                               kv<"reward">(leaf_spec{{}}), kv<"next", "obs">(leaf_spec{{4}}));
+  CHECK(uninitialized.get<"obs">().sizes().vec() == std::vector<std::int64_t>{6, 4});
+}
+
+TEST_CASE("index_put_: every kind of index along the batch dims, the leaves keep their storage", "[storage]") {
+  AnyTensorDict buffer = any_buffer(10);
+  const auto* obs_impl = impl(buffer.get("obs"));
+  const void* obs_data = buffer.get("obs").data_ptr();
+
+  SECTION("an integer") {
+    buffer.index_put_({3}, any_batch(1, 5)[0]);
+    CHECK(at::equal(buffer.get("obs")[3], rows(1, 4, 5)[0]));
+    CHECK(buffer.get("action")[3].item<std::int64_t>() == 10);
+    CHECK(buffer.get("obs").sum().item<float>() == rows(1, 4, 5).sum().item<float>());
+  }
+  SECTION("a slice") {
+    buffer.index_put_({Slice(2, 5)}, any_batch(3, 1));
+    CHECK(at::equal(buffer.get("obs").slice(0, 2, 5), rows(3, 4, 1)));
+    CHECK(at::equal(buffer.get("next", "obs").slice(0, 2, 5), rows(3, 4, 1) + 100));
+    CHECK(buffer.get("obs")[1].sum().item<float>() == 0);
+  }
+  SECTION("an index tensor, wrapping around as a circular buffer does") {
+    const at::Tensor where = at::tensor(std::vector<std::int64_t>{8, 9, 0, 1});
+    buffer.index_put_({where}, any_batch(4, 1));
+    CHECK(at::equal(buffer.get("obs").index({where}), rows(4, 4, 1)));
+    CHECK(at::equal(buffer.get("reward").index({where}), at::arange(4, at::kFloat) + 1));
+  }
+  SECTION("a boolean mask") {
+    const at::Tensor mask = at::arange(10) % 3 == 0;  // rows 0, 3, 6, 9
+    buffer.index_put_({mask}, any_batch(4, 1));
+    CHECK(at::equal(buffer.get("obs").index({mask}), rows(4, 4, 1)));
+    CHECK(buffer.get("obs")[1].sum().item<float>() == 0);
+  }
+  SECTION("a value broadcast over the indexed rows") {
+    buffer.index_put_({Slice(0, 4)}, any_batch(1, 7));
+    for (std::int64_t r = 0; r < 4; ++r) CHECK(at::equal(buffer.get("obs")[r], rows(1, 4, 7)[0]));
+  }
+  CHECK(impl(buffer.get("obs")) == obs_impl);
+  CHECK(buffer.get("obs").data_ptr() == obs_data);
+}
+
+TEST_CASE("index_put_: tuples of indices over two batch dims, and an Ellipsis", "[storage]") {
+  AnyTensorDict grid = zeros_like(AnyTensorDict({{"x", at::zeros({2})}}), {4, 5});
+  grid.index_put_({1, Slice(1, 3)}, AnyTensorDict({{"x", at::ones({2, 2})}}, {2}));
+  CHECK(grid.get("x").sum().item<float>() == 4);
+  CHECK(grid.get("x")[1][1].sum().item<float>() == 2);
+  grid.index_put_({at::tensor(std::vector<std::int64_t>{0, 3}), at::tensor(std::vector<std::int64_t>{4, 0})},
+                  AnyTensorDict({{"x", at::full({2, 2}, 2.0)}}, {2}));
+  CHECK(grid.get("x")[3][0][0].item<float>() == 2);
+  grid.index_put_({Ellipsis, 4}, AnyTensorDict({{"x", at::full({4, 2}, 3.0)}}, {4}));
+  CHECK(grid.get("x").select(1, 4).eq(3).all().item<bool>());
+}
+
+TEST_CASE("set_at_ and update_at_: one leaf, or a part of the keys", "[storage]") {
+  AnyTensorDict buffer = any_buffer(6);
+  buffer.set_at_({"next", "obs"}, at::ones({2, 4}), {Slice(1, 3)});
+  CHECK(buffer.get("next", "obs").sum().item<float>() == 8);
+  buffer.update_at_(AnyTensorDict({{"reward", at::full({2}, 5.0)}}, {2}), {Slice(4, 6)});
+  CHECK(buffer.get("reward").sum().item<float>() == 10);
+  CHECK(buffer.get("obs").sum().item<float>() == 0);  // other leaves untouched
+
+  // index_put_ writes whole rows: every key, or key_error naming the one missing.
+  CHECK_THROWS_TYPED(buffer.index_put_({0}, AnyTensorDict({{"reward", at::ones({})}})), key_error,
+                       Contains("is set on one side only"));
+
+  SECTION("typed: a sub-schema writes a part of each row") {
+    auto typed = buffer.to_typed<transition>();
+    typed.update_at_(make<reward_only>({2}, kv<"reward">(at::full({2}, 9.0))), {Slice(0, 2)});
+    CHECK(buffer.get("reward")[0].item<float>() == 9);
+    typed.set_at_<"next", "obs">(at::full({4}, 2.0), {5});
+    CHECK(buffer.get("next", "obs")[5].sum().item<float>() == 8);
+    typed.get<"next">().update_at_(make<schema<leaf<"obs">>>({1}, kv<"obs">(at::full({1, 4}, 3.0))), {0});
+    CHECK(buffer.get("next", "obs")[0].sum().item<float>() == 12);
+    typed.index_put_({Slice(2, 4)}, any_batch(2, 1).to_typed<transition>());
+    CHECK(at::equal(buffer.get("obs").slice(0, 2, 4), rows(2, 4, 1)));
+  }
+}
+
+TEST_CASE("indexed writes: checked before the first byte, a failed write changes nothing", "[storage]") {
+  AnyTensorDict buffer = any_buffer(6);
+  buffer.index_put_({Slice(0, 3)}, any_batch(3, 1));
+  const AnyTensorDict before = snapshot(buffer);
+
+  SECTION("a shape that does not fit, in the last leaf written") {
+    AnyTensorDict bad = any_batch(2, 50);
+    bad.set({"next", "obs"}, at::ones({2, 5}));
+    CHECK_THROWS_TYPED(buffer.index_put_({Slice(3, 5)}, bad), shape_error,
+                         Contains("TensorDict.update_at_((\"next\", \"obs\")): cannot write f32[2,5]") && Contains("has shape [2,4]"));
+  }
+  SECTION("a dtype the leaf cannot hold without changing kind") {
+    AnyTensorDict bad = any_batch(2, 50);
+    bad.set({"action"}, at::ones({2}, at::kFloat));
+    CHECK_THROWS_TYPED(buffer.index_put_({Slice(3, 5)}, bad), dtype_error,
+                         Contains("TensorDict.update_at_(\"action\"): cannot write f32[2] into the leaf i64[6]"));
+  }
+  SECTION("an index past the end") {
+    CHECK_THROWS_TYPED(buffer.index_put_({at::tensor(std::vector<std::int64_t>{2, 6})}, any_batch(2, 50)), index_error,
+                         Contains("the index does not fit batch_size=[6]"));
+    CHECK_THROWS_AS(buffer.index_put_({7}, any_batch(1, 50)[0]), index_error);
+  }
+  SECTION("a key that is not there") {
+    CHECK_THROWS_AS(buffer.update_at_(AnyTensorDict({{"obs", at::ones({2, 4})}, {"done", at::ones({2})}}, {2}), {Slice(0, 2)}),
+                    key_error);
+  }
+  SECTION("a leaf of the autograd graph") {
+    AnyTensorDict params({{"w", at::zeros({3, 2}).requires_grad_()}}, {3});
+    CHECK_THROWS_TYPED(params.set_at_({"w"}, at::ones({2}), {0}), value_error, Contains("write under at::NoGradGuard"));
+    at::NoGradGuard no_grad;
+    params.set_at_({"w"}, at::ones({2}), {0});
+    CHECK(params.get("w").sum().item<float>() == 2);
+  }
+  CHECK(same_values(buffer, before));
+}
+
+TEST_CASE("indexed writes: autograd sees the leaf changed, as after an in-place op", "[storage]") {
+  AnyTensorDict td({{"x", at::ones({4, 2})}}, {4});
+  const at::Tensor w = at::ones({2}).requires_grad_();
+  const at::Tensor y = (td.get("x") * w).sum();  // saves x for w's gradient
+  const auto version = td.get("x")._version();
+  td.set_at_({"x"}, at::zeros({2}), {0});
+  CHECK(td.get("x")._version() > version);
+  CHECK_THROWS_WITH(y.backward(), Contains("modified by an inplace operation"));
+}
+
+TEST_CASE("indexed writes: a value that views the leaf itself, and a locked TensorDict", "[storage]") {
+  AnyTensorDict buffer = any_buffer(6);
+  buffer.index_put_({Slice(0, 3)}, any_batch(3, 1));
+  buffer.lock_();
+  // Rows 1..3 from rows 0..2 of the same tensors: read whole before written.
+  buffer.index_put_({Slice(1, 4)}, buffer.index({Slice(0, 3)}));
+  CHECK(at::equal(buffer.get("obs").slice(0, 1, 4), rows(3, 4, 1)));
+  CHECK_THROWS_AS(buffer.set({"obs"}, at::zeros({6, 4})), lock_error);
+}
+
+TEST_CASE("memmap_like: full-size zero files in Python's layout, loaded shared, writes reach the files", "[storage]") {
+  temporary_dir dir("memmap_like");
+  const std::string path = dir / "buffer";
+  AnyTensorDict buffer = memmap_like(any_batch(1000, 0), path);
+  CHECK(buffer.batch_size().vec() == std::vector<std::int64_t>{1000});
+  CHECK(buffer.is_locked());
+  CHECK(std::filesystem::file_size(path + "/obs.memmap") == 1000 * 4 * 4);
+  CHECK(std::filesystem::file_size(path + "/next/obs.memmap") == 1000 * 4 * 4);
+  CHECK(std::filesystem::exists(path + "/next/meta.json"));
+  struct stat st {};
+  REQUIRE(::stat((path + "/obs.memmap").c_str(), &st) == 0);
+  CHECK(st.st_blocks * 512 < 16000);  // sparse: nothing written yet (tmpfs and ext4 both allocate lazily)
+  CHECK(buffer.get("obs").count_nonzero().item<std::int64_t>() == 0);
+
+  buffer.index_put_({Slice(10, 12)}, any_batch(2, 1));
+  const std::string obs = file_bytes(path + "/obs.memmap");
+  float row[4];
+  std::memcpy(row, obs.data() + 11 * 4 * sizeof(float), sizeof row);
+  CHECK(row[0] == 5);
+  CHECK(row[3] == 8);
+
+  // Another load sees it: a private mapping (the default) and a shared one.
+  CHECK(at::equal(load_memmap(path).get("obs").slice(0, 10, 12), rows(2, 4, 1)));
+  load_options shared;
+  shared.memory = load_memory::shared;
+  AnyTensorDict other = load_memmap(path, shared);
+  other.set_at_({"reward"}, at::full({}, 42.0), {999});
+  CHECK(buffer.get("reward")[999].item<float>() == 42);
+  CHECK_THROWS_AS(other.set({"reward"}, at::zeros({1000})), lock_error);
+
+  CHECK_THROWS_TYPED(memmap_like(any_batch(2, 0), path), file_error, Contains("it exists; reopen it with load_memmap"));
+  CHECK(buffer.get("reward")[999].item<float>() == 42);  // the refused call left the files alone
+
+  auto typed = memmap_like(any_batch(3, 0).to_typed<transition>(), dir / "typed");
+  CHECK(typed.is_locked());
+  typed.set_at_<"reward">(at::full({}, 7.0), {2});
+  CHECK(load_memmap<transition>(dir / "typed").get<"reward">()[2].item<float>() == 7);
+}
+
+TEST_CASE("load_memory::shared: for memmap directories only", "[storage]") {
+  temporary_dir dir("shared_only");
+  save(any_batch(2, 0), dir / "file.pt");
+  load_options shared;
+  shared.memory = load_memory::shared;
+  CHECK_THROWS_TYPED(load(dir / "file.pt", shared), value_error, Contains("maps memmap directories only"));
+}
+
+TEST_CASE("memmap write-through: another process mapping the file sees the rows written", "[storage]") {
+  temporary_dir dir("second_process");
+  const std::string path = dir / "buffer";
+  AnyTensorDict buffer = memmap_like(any_batch(64, 0), path);
+  int ready[2], written[2];
+  REQUIRE(::pipe(ready) == 0);
+  REQUIRE(::pipe(written) == 0);
+  const std::string file = path + "/reward.memmap";
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // The reader: plain POSIX calls only (no libtorch, no allocation) after fork.
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    void* map = fd < 0 ? MAP_FAILED : ::mmap(nullptr, 64 * sizeof(float), PROT_READ, MAP_SHARED, fd, 0);
+    char byte = 1;
+    if (map == MAP_FAILED || ::write(ready[1], &byte, 1) != 1 || ::read(written[0], &byte, 1) != 1) ::_exit(2);
+    const auto* reward = static_cast<const float*>(map);
+    for (int r = 0; r < 64; ++r)
+      if (reward[r] != (r >= 32 && r < 48 ? float(r - 32) + 3 : 0.0f)) ::_exit(1);
+    ::_exit(0);
+  }
+  char byte = 0;
+  REQUIRE(::read(ready[0], &byte, 1) == 1);  // the child has mapped the file before anything is written
+  buffer.index_put_({Slice(32, 48)}, any_batch(16, 3));
+  REQUIRE(::write(written[1], &byte, 1) == 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  for (int fd : {ready[0], ready[1], written[0], written[1]}) ::close(fd);
+}
+
+// For tests/data/check_python_reads.py: fills a memmap buffer in two halves,
+// waiting after the first until Python has read it while this process still writes.
+TEST_CASE("memmap buffer that Python reads while it is filled", "[.python_memmap_fill]") {
+  const char* out = std::getenv("TENSORDICT_OUT");
+  REQUIRE(out != nullptr);
+  const std::string dir = std::string(out) + "/buffer";
+  AnyTensorDict buffer = memmap_like(any_batch(8, 0), dir);
+  buffer.index_put_({Slice(0, 4)}, any_batch(4, 1));
+  std::ofstream(std::string(out) + "/half_written").put('1');
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!std::filesystem::exists(std::string(out) + "/half_read")) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  buffer.index_put_({Slice(4, 8)}, any_batch(4, 5));
+}
