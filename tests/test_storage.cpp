@@ -333,3 +333,46 @@ TEST_CASE("memmap buffer that Python reads while it is filled", "[.python_memmap
   }
   buffer.index_put_({Slice(4, 8)}, any_batch(4, 5));
 }
+
+TEST_CASE("consolidate: every leaf in one buffer, moved and copied as one", "[storage]") {
+  AnyTensorDict td = any_batch(3, 1);
+  td.set({"flag"}, at::ones({3}, at::kBool));
+  CHECK_FALSE(td.is_consolidated());
+  const AnyTensorDict one = td.consolidate();
+  CHECK(one.is_locked());
+  CHECK(same_values(one, td));
+  const at::Tensor storage = one.consolidated_storage();
+  REQUIRE(storage.defined());
+  CHECK(storage.scalar_type() == at::kByte);
+  // The layout: values() order, each leaf at a multiple of 8 bytes, the buffer ending with the last.
+  // obs f32[3,4] 48 B at 0, action i64[3] 24 B at 48, reward f32[3] 12 B at 72, next.obs 48 B at 88, flag 3 B at 136.
+  CHECK(storage.size(0) == 139);
+  CHECK(one.get("flag").data_ptr() == static_cast<void*>(static_cast<char*>(storage.data_ptr()) + 136));
+  for (const at::Tensor& t : one.values()) CHECK(t.storage().is_alias_of(storage.storage()));
+
+  // A write into a leaf is a write into the buffer; the buffer rebuilds the TensorDict elsewhere.
+  one.get("reward").fill_(5);
+  const AnyTensorDict rebuilt = td.from_consolidated(storage.clone());
+  CHECK(rebuilt.get("reward").eq(5).all().item<bool>());
+  CHECK(same_values(rebuilt, one));
+  CHECK_THROWS_WITH(td.from_consolidated(at::zeros({10}, at::kByte)), Contains("expected the buffer u8[139]"));
+
+  // clone() and to(device) copy one buffer, and their result is consolidated too.
+  const AnyTensorDict copy = one.clone();
+  CHECK(copy.is_consolidated());
+  CHECK(copy.consolidated_storage().data_ptr() != storage.data_ptr());
+  CHECK(same_values(copy, one));
+
+  SECTION("typed") {
+    const auto typed = any_batch(2, 0).to_typed<transition>().consolidate();
+    CHECK(typed.is_consolidated());
+    CHECK(typed.consolidated_storage().size(0) == 32 + 16 + 8 + 32);
+  }
+  SECTION("a leaf that requires grad keeps autograd's copy in clone()") {
+    AnyTensorDict params({{"w", at::ones({2}).requires_grad_()}});
+    const AnyTensorDict cloned = params.consolidate().clone();  // consolidate copies values; the clone is a plain copy
+    CHECK(cloned.is_consolidated());
+    AnyTensorDict live({{"w", at::ones({2}).requires_grad_()}});
+    CHECK(live.clone().get("w").requires_grad());
+  }
+}

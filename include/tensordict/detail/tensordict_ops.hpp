@@ -26,6 +26,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/SmallVector.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/result_type.h>
 #include <ATen/ops/rsub.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -192,7 +193,10 @@ class tensordict_ops {
     return static_cast<Derived&>(*this);
   }
 
+  // A consolidated TensorDict's copy is consolidated too: one buffer copied
+  // (unless autograd records a leaf's copy, which the buffer would not carry).
   Derived clone() const {
+    if (const at::Tensor storage = one_buffer(); storage.defined()) return over_storage(storage.clone());
     return self().apply([](const at::Tensor& t) { return t.clone(); });
   }
   Derived detach() const {
@@ -206,7 +210,64 @@ class tensordict_ops {
   }
   // The result is built on `device`, so its leaves are never moved back to the old one.
   Derived to(at::Device device) const {
+    if (const at::Tensor storage = one_buffer(); storage.defined() && storage.device() != device)
+      return over_storage(storage.to(device), device);  // one buffer moved
     return self().apply([&](const at::Tensor& t) { return t.to(device); }, self().batch_size(), device);
+  }
+
+  // ---- consolidation: every leaf in one buffer ------------------------------------
+
+  // Python's td.consolidate(): a copy whose leaves are views into one
+  // storage, a 1-D uint8 tensor on the leaves' device (consolidated_storage()),
+  // so that clone(), to(device) and a c10d send or broadcast of that tensor
+  // move one buffer. The layout: the leaves in values() order (schema order,
+  // or insertion order depth first), each contiguous, starting at a multiple
+  // of 8 bytes (16 for 16-byte elements), the storage ending with the last.
+  // Values are copied, not autograd history. The result is locked, as in Python.
+  Derived consolidate() const {
+    const std::vector<at::Tensor> leaves = self().values();
+    for (const at::Tensor& t : leaves)
+      if (t.device() != leaves.front().device())
+        throw value_error("TensorDict.consolidate: the leaves are on " + leaves.front().device().str() + " and " + t.device().str() +
+                          "; one buffer needs one device (move the TensorDict with to(device) first)");
+    const std::vector<std::int64_t> offsets = consolidated_offsets(leaves);
+    const at::Device device = leaves.empty() ? self().device().value_or(at::Device(at::kCPU)) : leaves.front().device();
+    at::Tensor storage = at::empty({offsets.back()}, at::TensorOptions(at::kByte).device(device));
+    Derived out = over_storage(storage);
+    at::NoGradGuard no_grad;
+    const std::vector<at::Tensor> views = out.values();
+    for (std::size_t k = 0; k < leaves.size(); ++k) at::Tensor(views[k]).copy_(leaves[k]);
+    out.lock_();
+    return out;
+  }
+  // The one buffer that every leaf views in consolidate()'s layout, or an
+  // undefined tensor where the leaves are not so laid out (nor any leaf set).
+  at::Tensor consolidated_storage() const {
+    const std::vector<at::Tensor> leaves = self().values();
+    if (leaves.empty() || !leaves.front().has_storage()) return {};
+    const std::vector<std::int64_t> offsets = consolidated_offsets(leaves);
+    const c10::Storage& storage = leaves.front().storage();
+    if (static_cast<std::int64_t>(storage.nbytes()) != offsets.back()) return {};
+    for (std::size_t k = 0; k < leaves.size(); ++k) {
+      const at::Tensor& t = leaves[k];
+      if (!t.has_storage() || !t.storage().is_alias_of(storage) || !t.is_contiguous() ||
+          t.storage_offset() * static_cast<std::int64_t>(t.element_size()) != offsets[k])
+        return {};
+    }
+    return at::empty({0}, at::TensorOptions(at::kByte).device(storage.device())).set_(storage, 0, {offsets.back()}, {1});
+  }
+  bool is_consolidated() const { return consolidated_storage().defined(); }
+  // Python's from_consolidated for a buffer that arrived (broadcast, received,
+  // moved): a TensorDict with this one's keys, shapes and dtypes whose leaves
+  // view `storage`, a 1-D uint8 tensor in consolidate()'s layout for them
+  // (value_error otherwise). The buffer is shared, not copied.
+  Derived from_consolidated(const at::Tensor& storage) const {
+    const std::int64_t size = consolidated_offsets(self().values()).back();
+    if (!storage.defined() || storage.scalar_type() != at::kByte || storage.dim() != 1 || storage.size(0) != size ||
+        !storage.is_contiguous())
+      throw value_error("TensorDict.from_consolidated: expected the buffer u8[" + std::to_string(size) +
+                        "] that consolidate() lays out for these leaves, got " + (storage.defined() ? describe(storage) : std::string("none")));
+    return over_storage(storage, storage.device());
   }
 
   // Element-wise comparisons with a scalar, as a TensorDict of bool tensors.
@@ -606,6 +667,37 @@ class tensordict_ops {
       throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(self().batch_size()) +
                         ": " + e.what_without_backtrace());
     }
+  }
+
+  // The consolidated buffer where moving it moves every leaf: none requires grad while autograd records.
+  at::Tensor one_buffer() const {
+    if (at::GradMode::is_enabled())
+      for (const at::Tensor& t : self().values())
+        if (t.requires_grad()) return {};
+    return consolidated_storage();
+  }
+  // Where each leaf starts in a consolidated buffer, and (last) its size.
+  static std::vector<std::int64_t> consolidated_offsets(const std::vector<at::Tensor>& leaves) {
+    std::vector<std::int64_t> out;
+    std::int64_t end = 0;
+    for (const at::Tensor& t : leaves) {
+      const std::int64_t align = std::max<std::int64_t>(8, static_cast<std::int64_t>(t.element_size()));
+      end = (end + align - 1) / align * align;
+      out.push_back(end);
+      end += t.numel() * static_cast<std::int64_t>(t.element_size());
+    }
+    out.push_back(end);
+    return out;
+  }
+  // This TensorDict's structure with each leaf a view of `storage` (consolidate()'s layout).
+  Derived over_storage(const at::Tensor& storage, std::optional<at::Device> device = std::nullopt) const {
+    const std::vector<std::int64_t> offsets = consolidated_offsets(self().values());
+    std::size_t k = 0;
+    const auto view = [&](const at::Tensor& t) {
+      const std::int64_t offset = offsets[k++];
+      return storage.narrow(0, offset, t.numel() * static_cast<std::int64_t>(t.element_size())).view(t.scalar_type()).view(t.sizes());
+    };
+    return device ? self().apply(view, self().batch_size(), device) : self().apply(view);
   }
 
   // Indices that select rows of the first batch dim only (the others whole):
