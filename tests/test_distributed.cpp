@@ -85,6 +85,16 @@ TEST_CASE("broadcast: rank 1's values everywhere, same tensors", "[distributed]"
   CHECK((td == for_rank(1)).all());
   CHECK(impl(td.get("0", "weight")) == impl(w));
   CHECK_THROWS_AS(dist::broadcast(td, *the_group, world()), value_error);
+
+  // Consolidated on every rank: one buffer, written in place under the same leaves.
+  auto one = for_rank(rank()).consolidate();
+  const at::Tensor storage = one.consolidated_storage();
+  dist::broadcast(one, *the_group, 1);
+  CHECK((one == for_rank(1)).all());
+  CHECK(one.consolidated_storage().data_ptr() == storage.data_ptr());
+  // Consolidated on one rank only: an error on every rank, before anything is sent.
+  auto mixed = rank() == 0 ? for_rank(0).consolidate() : for_rank(rank());
+  CHECK_THROWS_WITH(dist::broadcast(mixed, *the_group, 0), Contains("whether it is consolidated"));
 }
 
 TEST_CASE("all_gather: along a new dim, and along an existing dim of uneven sizes", "[distributed]") {

@@ -230,7 +230,7 @@ constexpr std::size_t max_batch_dims = 8;
 
 template <class TD>
 std::vector<std::vector<std::int64_t>> exchange_structure(const TD& td, c10d::ProcessGroup& group, const char* op,
-                                                          std::size_t free_dim = SIZE_MAX) {
+                                                          std::size_t free_dim = SIZE_MAX, bool consolidated = false) {
   const auto batch = td.batch_size();
   if (batch.size() > max_batch_dims)
     throw value_error(std::string("distributed::") + op + ": at most " + std::to_string(max_batch_dims) + " batch dims");
@@ -244,6 +244,7 @@ std::vector<std::vector<std::int64_t>> exchange_structure(const TD& td, c10d::Pr
   }
   for (std::size_t d = 0; d < batch.size(); ++d)
     if (d != free_dim) mix(static_cast<std::size_t>(batch[d]));
+  if (consolidated) mix(0x636f6e73ull);  // every rank takes the one-buffer path, or none
   std::vector<std::int64_t> mine(2 + max_batch_dims, 0);
   mine[0] = static_cast<std::int64_t>(h & 0x7fffffffffffffffull);
   mine[1] = static_cast<std::int64_t>(batch.size());
@@ -259,7 +260,8 @@ std::vector<std::vector<std::int64_t>> exchange_structure(const TD& td, c10d::Pr
     if (v[0] != mine[0])
       throw distributed_error(std::string("distributed::") + op + ": the TensorDict of rank " + std::to_string(r) +
                               " differs from rank " + std::to_string(group.getRank()) +
-                              "'s (keys, dtypes, leaf shapes or batch size); every rank must pass the same structure");
+                              "'s (keys, dtypes, leaf shapes, batch size, or for broadcast whether it is consolidated); "
+                              "every rank must pass the same structure");
     batches.emplace_back(v + 2, v + 2 + v[1]);
   }
   return batches;
@@ -303,13 +305,26 @@ void all_reduce(TD& td, c10d::ProcessGroup& group, c10d::ReduceOp op = c10d::Red
   detail::scatter_back(groups, leaves);
 }
 
-// Every rank's leaves become rank `root`'s values, in place.
+// Every rank's leaves become rank `root`'s values, in place. A TensorDict
+// consolidated on every rank (td.consolidate()) goes as its one buffer, in
+// one collective; that path needs options.check_structure, which makes every
+// rank agree on it (a rank whose TensorDict is not consolidated is then an error everywhere).
 template <class TD>
   requires detail::is_tensordict_v<TD>
 void broadcast(TD& td, c10d::ProcessGroup& group, int root = 0, collective_options options = {}) {
   if (root < 0 || root >= group.getSize())
     throw value_error("distributed::broadcast: root " + std::to_string(root) + " of world_size " + std::to_string(group.getSize()));
-  if (options.check_structure) detail::exchange_structure(td, group, "broadcast");
+  const at::Tensor storage = options.check_structure ? td.consolidated_storage() : at::Tensor();
+  if (options.check_structure) detail::exchange_structure(td, group, "broadcast", SIZE_MAX, storage.defined());
+  if (storage.defined()) {
+    // Received into a buffer of its own, then copied into the one the leaves view: a failed collective writes nothing.
+    std::vector<at::Tensor> buffers{group.getRank() == root ? storage : at::empty_like(storage)};
+    c10d::BroadcastOptions b;
+    b.rootRank = root;
+    detail::run(group, "broadcast", [&] { return group.broadcast(buffers, b); });
+    if (group.getRank() != root) storage.copy_(buffers[0]);
+    return;
+  }
   const std::vector<at::Tensor> leaves = td.values();
   auto groups = [&] {
     at::NoGradGuard no_grad;
