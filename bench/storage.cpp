@@ -118,8 +118,13 @@ print(sorted(times)[3], what)
 )PY";
   FILE* pipe = ::popen(("python3 -c '" + script + "' 2>/dev/null").c_str(), "r");
   if (!pipe) return -1;
-  char line[512] = {0};
-  const bool got = std::fgets(line, sizeof line, pipe) != nullptr;
+  char line[512] = {0}, last[512] = {0};
+  bool got = false;
+  while (std::fgets(line, sizeof line, pipe) != nullptr) {  // the result is the last line (libraries may print before it)
+    std::memcpy(last, line, sizeof line);
+    got = true;
+  }
+  std::memcpy(line, last, sizeof line);
   if (::pclose(pipe) != 0 || !got) return -1;
   char* rest = nullptr;
   const double seconds = std::strtod(line, &rest);

@@ -721,7 +721,8 @@ class tensordict_ops {
     const auto& first = batch[0];
     if (first.is_integer()) {
       out.kind = row_index::single;
-      out.start = first.integer() < 0 ? first.integer() + b[0] : first.integer();
+      const std::int64_t i = compat::as_int(first.integer());
+      out.start = i < 0 ? i + b[0] : i;
     } else if (first.is_slice()) {
       const auto& s = first.slice();
       if (compat::as_int(s.step()) != 1) return out;
