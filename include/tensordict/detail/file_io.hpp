@@ -173,9 +173,11 @@ inline void write_new_file(const std::filesystem::path& file, const char* data, 
 inline void create_sized_file(const std::filesystem::path& file, std::uint64_t size, const std::string& where) {
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) throw file_error(where + "cannot create " + file.string() + ": " + std::strerror(errno));
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 || ::close(fd) != 0) {
-    const int error = errno;
-    ::close(fd);
+  const bool sized = ::ftruncate(fd, static_cast<off_t>(size)) == 0;
+  int error = sized ? 0 : errno;
+  const bool closed = ::close(fd) == 0;  // once: a second close could close a descriptor another thread just opened
+  if (!sized || !closed) {
+    if (sized) error = errno;
     ::unlink(file.c_str());
     throw file_error(where + "cannot give " + file.string() + " its size of " + std::to_string(size) + " bytes: " + std::strerror(error));
   }
