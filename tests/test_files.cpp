@@ -622,8 +622,10 @@ TEST_CASE("memmap: bad directories throw file_error naming the file", "[files]")
   CHECK_THROWS_WITH(load_memmap(broken("escape", "meta.json",
                                        R"({"..": {"type": "TensorDict"}, "shape": [2], "device": "cpu"})")),
                     Contains("\"..\" cannot name a file"));
-  CHECK_THROWS_WITH(load_memmap(broken("other", "meta.json", R"({"s": {"type": "NonTensorData"}, "shape": [2], "device": "cpu"})")),
-                    Contains("\"s\" holds a NonTensorData"));
+  CHECK_THROWS_WITH(load_memmap(broken("other", "meta.json", R"({"s": {"type": "LazyStackedTensorDict"}, "shape": [2], "device": "cpu"})")),
+                    Contains("\"s\" holds a LazyStackedTensorDict"));
+  CHECK_THROWS_WITH(load_memmap(broken("no_value", "meta.json", R"({"s": {"type": "NonTensorData"}, "shape": [2], "device": "cpu"})")),
+                    Contains("s/meta.json"));
   CHECK(load_memmap(dir / "other", {.skip_non_tensors = true}).empty());
   std::filesystem::copy(dir / "good", dir / "missing", std::filesystem::copy_options::recursive);
   std::filesystem::remove(dir / "missing/n/b.memmap");

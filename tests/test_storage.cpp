@@ -376,3 +376,202 @@ TEST_CASE("consolidate: every leaf in one buffer, moved and copied as one", "[st
     CHECK(live.clone().get("w").requires_grad());
   }
 }
+
+// ---- non-tensor data ------------------------------------------------------------------------
+
+namespace {
+std::vector<std::string> strings(const NonTensor& v) {
+  std::vector<std::string> out;
+  for (const auto& value : v.values()) out.push_back(std::get<std::string>(value));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("non-tensor data: set and read beside tensors, never a leaf", "[storage][non_tensor]") {
+  AnyTensorDict td({{"obs", rows(3, 2)}}, {3});
+  td.set_non_tensor({"task"}, "reach-target");
+  td.set_non_tensor({"episode"}, 7);
+  td.set_non_tensor({"nested", "label"}, "inner");  // creates the sub-tree
+  td.set_non_tensor({"gamma"}, 0.99);
+  td.set_non_tensor({"done"}, false);
+  td.set_non_tensor({"none"}, std::monostate{});
+  CHECK(td.get_non_tensor<std::string>({"task"}) == "reach-target");
+  CHECK(td.get_non_tensor<std::int64_t>({"episode"}) == 7);
+  CHECK(td.get_non_tensor<std::string>("nested", "label") == "inner");
+  CHECK(td.get_non_tensor<double>({"gamma"}) == 0.99);
+  CHECK_FALSE(td.get_non_tensor<bool>({"done"}));
+  CHECK(td.get_non_tensor({"none"}) == non_tensor_value{});
+  CHECK(td.get_tensordict("nested").batch_size().equals({3}));
+  CHECK(td.contains("task"));
+  CHECK(td.is_non_tensor({"nested", "label"}));
+  CHECK_FALSE(td.is_non_tensor({"obs"}));
+  CHECK_FALSE(td.is_leaf({"task"}));
+  CHECK(td.keys() == std::vector<any_key_path>{{"obs"}});  // tensors only: values(), apply, arithmetic
+  CHECK(td.non_tensor_keys() == std::vector<any_key_path>{{"task"}, {"episode"}, {"gamma"}, {"done"}, {"none"}, {"nested", "label"}});
+  CHECK(td.non_tensor_keys(false).size() == 5);
+  CHECK(td.repr() == "TensorDict(batch_size=[3], fields={done: NonTensorData(False), episode: NonTensorData(7), gamma: "
+                     "NonTensorData(0.99), nested: {label: NonTensorData('inner')}, none: NonTensorData(None), obs: f32[3,2], "
+                     "task: NonTensorData('reach-target')})");
+
+  // Verbs that keep or change the batch carry NonTensorData as it is.
+  const AnyTensorDict doubled = (td * 2).clone();
+  CHECK(doubled.get_non_tensor<std::string>({"task"}) == "reach-target");
+  CHECK(doubled.get_non_tensor<std::string>("nested", "label") == "inner");
+  CHECK(td[1].get_non_tensor<std::int64_t>({"episode"}) == 7);
+  CHECK(td.sum().get_non_tensor<std::string>({"task"}) == "reach-target");
+  CHECK(td.unsqueeze(0).reshape({3}).get_non_tensor<std::string>({"task"}) == "reach-target");
+  CHECK(td.select({{"task"}, {"obs"}}).non_tensor_keys() == std::vector<any_key_path>{{"task"}});
+  CHECK(td.exclude({{"task"}, {"nested", "label"}}).non_tensor_keys().size() == 4);
+  CHECK(td.flatten_keys().get_non_tensor<std::string>({"nested.label"}) == "inner");
+  CHECK(td.flatten_keys().unflatten_keys().get_non_tensor<std::string>("nested", "label") == "inner");
+  AnyTensorDict other({3});
+  other.update(td);
+  CHECK(other.get_non_tensor<std::string>({"task"}) == "reach-target");
+
+  // Errors name the key and what to do.
+  CHECK_THROWS_TYPED(td.get("task"), key_error,
+                     Contains("\"task\" holds non-tensor data (NonTensorData('reach-target'))") && Contains("get_non_tensor"));
+  CHECK_THROWS_TYPED(td.get_non_tensor<std::int64_t>({"task"}), dtype_error,
+                     Contains("get_non_tensor(\"task\"): asked for int, but it holds str 'reach-target'"));
+  CHECK_THROWS_TYPED(td.get_non_tensor({"obs"}), key_error, Contains("holds a tensor (f32[3,2]), not non-tensor data"));
+  CHECK_THROWS_TYPED(td.get_non_tensor({"nope"}), key_error, Contains("no key \"nope\""));
+  CHECK_THROWS_TYPED(td.set({"task", "x"}, at::ones({3})), key_error, Contains("holds non-tensor data"));
+  CHECK_THROWS_TYPED(td.to_typed<schema<leaf<"obs">>>(), key_error,
+                     Contains("\"task\": non-tensor data (NonTensorData('reach-target')), which a typed TensorDict does not hold"));
+  CHECK(td.exclude(td.non_tensor_keys()).to_typed<schema<leaf<"obs">>>().get<"obs">().is_same(td.get("obs")));
+
+  // A key holds one kind of entry: setting one kind replaces the other.
+  td.set("task", at::zeros({3}));
+  CHECK_FALSE(td.is_non_tensor({"task"}));
+  td.set_non_tensor({"task"}, "again");
+  CHECK(td.keys() == std::vector<any_key_path>{{"obs"}});
+  td.rename_key_({"task"}, {"nested", "task"});
+  CHECK(td.get_non_tensor<std::string>("nested", "task") == "again");
+  td.erase("nested", "task");
+  CHECK_FALSE(td.contains("nested", "task"));
+  td.lock_();
+  CHECK_THROWS_TYPED(td.set_non_tensor({"task"}, "x"), lock_error, Contains("locked"));
+  CHECK_THROWS_AS(td.erase("episode"), lock_error);
+  CHECK(td.get_non_tensor<std::int64_t>({"episode"}) == 7);
+}
+
+TEST_CASE("NonTensorStack: one value per batch element, rearranged with the batch dims", "[storage][non_tensor]") {
+  AnyTensorDict td({{"r", at::arange(6, at::kFloat).reshape({3, 2})}}, {3, 2});
+  td.set_non_tensor({"name"}, NonTensor::stack({"a0", "a1", "b0", "b1", "c0", "c1"}, {3, 2}));
+  CHECK(td.non_tensor({"name"}).is_stack());
+  CHECK_THROWS_TYPED(td.get_non_tensor({"name"}), value_error, Contains("one value per batch element") && Contains("index the TensorDict"));
+  CHECK(td.index({1, 0}).get_non_tensor<std::string>({"name"}) == "b0");  // one element: a NonTensorData
+  CHECK(strings(td[2].non_tensor({"name"})) == std::vector<std::string>{"c0", "c1"});
+  CHECK(strings(td.index({at::tensor({2, 0}, at::kLong), Slice(1)}).non_tensor({"name"})) == std::vector<std::string>{"c1", "a1"});
+  CHECK(strings(td.index({at::tensor({1, 0, 1}).to(at::kBool)}).non_tensor({"name"})) == std::vector<std::string>{"a0", "a1", "c0", "c1"});
+  CHECK(strings(td.transpose(0, 1).non_tensor({"name"})) == std::vector<std::string>{"a0", "b0", "c0", "a1", "b1", "c1"});
+  CHECK(td.reshape({6}).non_tensor({"name"}).shape() == std::vector<std::int64_t>{6});
+  CHECK(strings(td.unbind(1)[1].non_tensor({"name"})) == std::vector<std::string>{"a1", "b1", "c1"});
+  CHECK(strings(td.split(2, 0)[1].non_tensor({"name"})) == std::vector<std::string>{"c0", "c1"});
+  CHECK(strings(td[0].unsqueeze(0).expand({2, 2}).non_tensor({"name"})) == std::vector<std::string>{"a0", "a1", "a0", "a1"});
+  // The tensors and the values stay aligned through a shuffle.
+  const AnyTensorDict shuffled = td.reshape({6}).index({at::tensor({4, 1, 5}, at::kLong)});
+  CHECK(at::equal(shuffled.get("r"), at::tensor({4.0f, 1.0f, 5.0f})));
+  CHECK(strings(shuffled.non_tensor({"name"})) == std::vector<std::string>{"c0", "a1", "c1"});
+
+  CHECK_THROWS_TYPED(td.sum(), value_error, Contains("\"name\" holds one value per batch element") && Contains("exclude it first"));
+  CHECK_THROWS_TYPED(td.set_non_tensor({"bad"}, NonTensor::stack({"x", "y"}, {2})), shape_error,
+                     Contains("NonTensorStack of shape [2] where the batch size is [3,2]"));
+  CHECK_THROWS_TYPED(NonTensor::stack({"x", "y"}, {3}), shape_error, Contains("2 values for the shape [3]"));
+}
+
+TEST_CASE("stack and cat: equal NonTensorData stay one, others become a NonTensorStack", "[storage][non_tensor]") {
+  // tensordict 0.4: stacking TensorDicts whose "name" differs gives [[alpha, alpha], [beta, beta], [gamma, gamma]].
+  std::vector<AnyTensorDict> parts;
+  for (const char* name : {"alpha", "beta", "gamma"}) {
+    AnyTensorDict t({{"r", at::full({2}, static_cast<double>(parts.size()))}}, {2});
+    t.set_non_tensor({"name"}, name);
+    t.set_non_tensor({"env"}, "cartpole");
+    parts.push_back(t);
+  }
+  const AnyTensorDict stacked = stack(parts, 0);
+  CHECK(stacked.get_non_tensor<std::string>({"env"}) == "cartpole");
+  CHECK(stacked.non_tensor({"name"}).shape() == std::vector<std::int64_t>{3, 2});
+  CHECK(strings(stacked.non_tensor({"name"})) == std::vector<std::string>{"alpha", "alpha", "beta", "beta", "gamma", "gamma"});
+  CHECK(strings(stack(parts, 1).non_tensor({"name"})) == std::vector<std::string>{"alpha", "beta", "gamma", "alpha", "beta", "gamma"});
+  const AnyTensorDict joined = cat({stacked[0], stacked[2]}, 0);
+  CHECK(strings(joined.non_tensor({"name"})) == std::vector<std::string>{"alpha", "alpha", "gamma", "gamma"});
+  AnyTensorDict missing = parts[1].exclude({{"name"}});
+  CHECK_THROWS_TYPED(stack({parts[0], missing}), key_error, Contains("the non-tensor entry \"name\" is in TensorDict 0 but not in TensorDict 1"));
+}
+
+TEST_CASE("non-tensor data in memmap directories: tensordict 0.4's files, both ways", "[storage][non_tensor]") {
+  const std::string dir = test::test_data("tensordict-v0.4-nontensor/");
+  const AnyTensorDict td = load_memmap(dir + "strings_and_ints");
+  CHECK(td.batch_size().equals({3}));
+  CHECK(at::equal(td.get("obs"), at::arange(6, at::kFloat).reshape({3, 2})));
+  CHECK(at::equal(td.get("nested", "x"), at::ones({3})));
+  CHECK(td.get_non_tensor<std::string>({"task"}) == "reach-target");
+  CHECK(td.get_non_tensor<std::int64_t>({"episode"}) == 7);
+  CHECK(td.get_non_tensor<std::string>("nested", "label") == "inner");
+  CHECK(load_memmap(dir + "strings_and_ints", {.skip_non_tensors = true}).non_tensor_keys().empty());
+
+  // stacked_names.result.txt: get_non_tensor('name') after stack: [['alpha', 'alpha'], ['beta', 'beta'], ['gamma', 'gamma']]
+  const AnyTensorDict stacked = load_memmap(dir + "stacked_names");
+  CHECK(stacked.batch_size().equals({3, 2}));
+  CHECK(stacked.non_tensor({"name"}).shape() == std::vector<std::int64_t>{3, 2});
+  CHECK(strings(stacked.non_tensor({"name"})) == std::vector<std::string>{"alpha", "alpha", "beta", "beta", "gamma", "gamma"});
+  CHECK(at::equal(stacked.get("r"), at::tensor({0.0f, 0.0f, 1.0f, 1.0f, 2.0f, 2.0f}).reshape({3, 2})));
+
+  // Written back in the same layout: the files tensordict 0.4 reads (each meta.json compared as JSON).
+  temporary_dir out("non_tensor_memmap");
+  save_memmap(td, out / "strings_and_ints");
+  save_memmap(stacked, out / "stacked_names");
+  auto json = [](const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); };
+  for (const char* file : {"strings_and_ints/task/meta.json", "strings_and_ints/task/_tensordict/meta.json",
+                           "strings_and_ints/episode/meta.json", "strings_and_ints/nested/label/meta.json",
+                           "strings_and_ints/meta.json", "strings_and_ints/nested/meta.json", "stacked_names/meta.json",
+                           "stacked_names/name/meta.json", "stacked_names/name/0/meta.json", "stacked_names/name/2/meta.json"}) {
+    INFO(file);
+    CHECK(json(out / file) == json(dir + file));
+  }
+  const AnyTensorDict again = load_memmap(out / "stacked_names");
+  CHECK(again.non_tensor({"name"}) == stacked.non_tensor({"name"}));
+  CHECK(load_memmap(out / "strings_and_ints").get_non_tensor<std::string>("nested", "label") == "inner");
+
+  // memmap_like keeps the values; a value meta.json cannot hold is refused before anything is written.
+  CHECK(memmap_like(stacked, out / "like").non_tensor({"name"}) == stacked.non_tensor({"name"}));
+  AnyTensorDict bad({2});
+  bad.set_non_tensor({"x"}, std::nan(""));
+  CHECK_THROWS_TYPED(save_memmap(bad, out / "bad"), file_error, Contains("\"x\": the value nan has no JSON form"));
+  CHECK_FALSE(std::filesystem::exists(out / "bad"));
+}
+
+TEST_CASE("indexed writes carry non-tensor data into a buffer, checked with the tensors", "[storage][non_tensor]") {
+  AnyTensorDict sample({{"obs", at::zeros({2})}}, {});
+  sample.set_non_tensor({"task"}, "none");
+  AnyTensorDict buffer = zeros_like(sample, {4});  // a NonTensorData keeps its value
+  CHECK(buffer.get_non_tensor<std::string>({"task"}) == "none");
+  buffer.lock_();
+
+  AnyTensorDict steps({{"obs", at::ones({2, 2})}}, {2});
+  steps.set_non_tensor({"task"}, "reach");
+  buffer.index_put_({Slice(1, 3)}, steps);
+  CHECK(strings(buffer.non_tensor({"task"})) == std::vector<std::string>{"none", "reach", "reach", "none"});
+  steps.set_non_tensor({"task"}, NonTensor::stack({"push", "pick"}, {2}));
+  steps.lock_();
+  buffer.update_at_(steps, {at::tensor({3, 0}, at::kLong)});
+  CHECK(strings(buffer.non_tensor({"task"})) == std::vector<std::string>{"pick", "reach", "reach", "push"});
+  CHECK(buffer[1].get_non_tensor<std::string>({"task"}) == "reach");
+
+  // Checked with the tensors: a failed write changes neither.
+  const NonTensor before = buffer.non_tensor({"task"});
+  AnyTensorDict wrong({{"obs", at::ones({2, 3})}}, {2});
+  wrong.set_non_tensor({"task"}, "lost");
+  CHECK_THROWS_AS(buffer.update_at_(wrong, {Slice(0, 2)}), shape_error);
+  CHECK(buffer.non_tensor({"task"}) == before);
+  AnyTensorDict three({{"obs", at::ones({3, 2})}}, {3});
+  three.set_non_tensor({"task"}, NonTensor::stack({"a", "b", "c"}, {3}));
+  CHECK_THROWS_TYPED(buffer.update_at_(three, {Slice(0, 2)}), shape_error,
+                     Contains("update_at_(\"task\"): cannot write NonTensorStack(shape=[3]") && Contains("selects [2] elements"));
+  AnyTensorDict unknown({{"obs", at::ones({2, 2})}}, {2});
+  unknown.set_non_tensor({"label"}, "x");
+  CHECK_THROWS_TYPED(buffer.update_at_(unknown, {Slice(0, 2)}), key_error, Contains("update_at_(\"label\"): other holds non-tensor data there"));
+  CHECK(buffer.non_tensor({"task"}) == before);
+  CHECK(at::equal(buffer.get("obs"), at::ones({4, 2})));  // rows 1, 2, then 3, 0
+}

@@ -12,6 +12,9 @@
 // reference TensorDict, the shapes and dtypes) and listing every difference in
 // one error.
 //
+// Beside its tensors it may hold non-tensor data (set_non_tensor: strings,
+// numbers; non_tensor.hpp), which no tensor verb sees.
+//
 // Keys keep their insertion order (keys(), iteration); printing sorts them,
 // as Python does. A sub-tree obtained with get_tensordict(...) is a view: it
 // shares its parent's leaves and locks; its batch size is its level's, which
@@ -24,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -38,6 +42,7 @@
 
 #include <ATen/TensorIndexing.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
@@ -45,6 +50,7 @@
 #include "detail/format.hpp"
 #include "detail/tensordict_ops.hpp"
 #include "errors.hpp"
+#include "non_tensor.hpp"
 
 namespace tensordict {
 
@@ -88,6 +94,10 @@ struct any_node : std::enable_shared_from_this<any_node> {
   std::vector<std::shared_ptr<any_node>> children;  // null where the entry is a leaf
   bool locked = false;
   std::weak_ptr<any_node> parent;
+  // Entries that are not tensors (non_tensor.hpp), apart so that no tensor
+  // verb meets them; a name is in `names` or here, never both.
+  std::vector<std::string> non_tensor_names;
+  std::vector<NonTensor> non_tensors;
 
   // name -> position, for levels with many keys (a flat state dict of
   // thousands); kept in step by add_leaf/add_child/erase_at.
@@ -104,6 +114,25 @@ struct any_node : std::enable_shared_from_this<any_node> {
   }
   std::size_t size() const { return names.size(); }
   bool is_leaf(std::size_t i) const { return !children[i]; }
+  std::size_t find_non_tensor(std::string_view name) const {
+    for (std::size_t i = 0; i < non_tensor_names.size(); ++i)
+      if (non_tensor_names[i] == name) return i;
+    return npos;
+  }
+  // Sets a non-tensor entry, replacing whatever entry `name` was.
+  void put_non_tensor(std::string_view name, NonTensor value) {
+    if (const std::size_t i = find(name); i != npos) erase_at(i);
+    if (const std::size_t i = find_non_tensor(name); i != npos) {
+      non_tensors[i] = std::move(value);
+      return;
+    }
+    non_tensor_names.emplace_back(name);
+    non_tensors.push_back(std::move(value));
+  }
+  void erase_non_tensor(std::size_t i) {
+    non_tensor_names.erase(non_tensor_names.begin() + static_cast<std::ptrdiff_t>(i));
+    non_tensors.erase(non_tensors.begin() + static_cast<std::ptrdiff_t>(i));
+  }
 
   // The three vectors change together, here only. A leaf has a tensor and no
   // child; a sub-tree a child (whose parent becomes this node) and no tensor.
@@ -136,6 +165,7 @@ struct any_node : std::enable_shared_from_this<any_node> {
   }
   // Replaces entry `name` (or adds it) with a leaf or a sub-tree.
   void put(std::string_view name, at::Tensor tensor, std::shared_ptr<any_node> child) {
+    if (const std::size_t k = find_non_tensor(name); k != npos) erase_non_tensor(k);
     const std::size_t i = find(name);
     if (i == npos) {
       if (child) add_child(std::string(name), std::move(child));
@@ -150,8 +180,9 @@ struct any_node : std::enable_shared_from_this<any_node> {
 
   // The keys of this level, sorted, for error messages: "bias", "weight".
   std::string listing() const {
-    if (names.empty()) return "none (it is empty)";
+    if (names.empty() && non_tensor_names.empty()) return "none (it is empty)";
     std::vector<std::string> sorted = names;
+    sorted.insert(sorted.end(), non_tensor_names.begin(), non_tensor_names.end());
     std::sort(sorted.begin(), sorted.end());
     return quoted_names(sorted);
   }
@@ -296,7 +327,10 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   // ---- get / set ----------------------------------------------------------------
 
-  bool contains(c10::ArrayRef<std::string> path) const { return locate(path).node != nullptr; }
+  // A tensor, a sub-tree or a non-tensor entry at path.
+  bool contains(c10::ArrayRef<std::string> path) const {
+    return locate(path).node != nullptr || locate_non_tensor(path).node != nullptr;
+  }
   bool is_leaf(c10::ArrayRef<std::string> path) const {
     auto at = locate(path);
     return at.node && at.node->is_leaf(at.index);
@@ -367,7 +401,10 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // Python's td.update_at_(other, index): every leaf of other written into the
   // leaf at its key path here (which must exist), at `indices`; other may hold
   // a part of this TensorDict's keys. All checked before the first write.
+  // Other's non-tensor entries are written into those here at the same
+  // positions (a NonTensorData given another value there becomes a NonTensorStack).
   AnyTensorDict& update_at_(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices) {
+    std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, indices);
     std::vector<pending_write> writes;
     writes.reserve(other.leaf_count());
     other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
@@ -376,7 +413,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
         throw key_error("AnyTensorDict.update_at_: " + to_string(path) + " is a sub-tree here and a tensor in other");
       writes.push_back({at.node->tensors[at.index], t});
     });
-    return write_at(writes, indices, "update_at_", [&](std::size_t k) {  // other's k-th leaf
+    write_at(writes, indices, "update_at_", [&](std::size_t k) {  // other's k-th leaf
       std::string name;
       std::size_t n = 0;
       other.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
@@ -384,6 +421,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       });
       return name;
     });
+    for (auto& [entry, value] : non_tensor_writes) *entry = std::move(value);  // cannot throw
+    return *this;
   }
   AnyTensorDict& update_at_(const AnyTensorDict& other, std::initializer_list<at::indexing::TensorIndex> indices) {
     return update_at_(other, c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
@@ -398,6 +437,13 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     out.root_->names = stored_names_padded();
     for (const auto& path : paths) {
       if (!strict && !contains(path)) continue;
+      if (auto nt = locate_non_tensor(path); nt.node) {
+        detail::any_node& target = out.parent_for_write(path, "AnyTensorDict.select", this);
+        if (target.find(path.back()) != npos || target.find_non_tensor(path.back()) != npos)
+          throw key_error("AnyTensorDict.select: the key " + to_string(path) + " is given twice");
+        target.put_non_tensor(path.back(), nt.node->non_tensors[nt.index]);
+        continue;
+      }
       auto at = resolve(path, "AnyTensorDict.select");
       out.put_entry(path, *at.node, at.index, "AnyTensorDict.select", this);
     }
@@ -415,6 +461,20 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // Moves the entry at `from` (a leaf or a sub-tree) to `to`, creating sub-trees
   // on the way. An existing `to` is replaced unless safe is true (then key_error).
   AnyTensorDict& rename_key_(c10::ArrayRef<std::string> from, c10::ArrayRef<std::string> to, bool safe = false) {
+    if (auto nt = locate_non_tensor(from); nt.node) {
+      check_unlocked(*nt.node, from, "AnyTensorDict.rename_key_");
+      if (from.equals(to)) return *this;
+      if (safe && contains(to))
+        throw key_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): the new key exists (safe=true)");
+      NonTensor moved = nt.node->non_tensors[nt.index];
+      if (moved.is_stack() && !batch_at(to).equals(moved.shape()))
+        throw shape_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): " + moved.repr() +
+                          " does not have the batch size " + format_sizes(batch_at(to)) + " of the level that would hold it");
+      detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
+      nt.node->erase_non_tensor(nt.index);
+      target.put_non_tensor(to.back(), std::move(moved));
+      return *this;
+    }
     auto at = resolve(from, "AnyTensorDict.rename_key_");
     check_unlocked(*at.node, from, "AnyTensorDict.rename_key_");
     if (from.equals(to)) return *this;
@@ -447,8 +507,18 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       check_writable_path(path, "AnyTensorDict.update");
       incoming.emplace_back(path, checked_leaf(t, path, "AnyTensorDict.update", &other));
     });
+    std::vector<std::pair<any_key_path, NonTensor>> non_tensors;
+    for (const any_key_path& path : other.non_tensor_keys()) {
+      check_writable_path(path, "AnyTensorDict.update");
+      const NonTensor& v = other.non_tensor(path);
+      if (v.is_stack() && !batch_at(path, other).equals(v.shape()))
+        throw shape_error("AnyTensorDict.update: " + to_string(path) + " is " + v.repr() + ", but the level here has batch_size=" +
+                          format_sizes(batch_at(path, other)));
+      non_tensors.emplace_back(path, v);
+    }
     for (auto& [path, t] : incoming)
       parent_for_write(path, "AnyTensorDict.update", &other).put(path.back(), std::move(t), nullptr);
+    for (auto& [path, v] : non_tensors) parent_for_write(path, "AnyTensorDict.update", &other).put_non_tensor(path.back(), std::move(v));
     return *this;
   }
   // Writes other's leaves into this TensorDict's tensors in place (every key
@@ -468,6 +538,11 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   // Removes a key (a leaf or a whole sub-tree), as Python's del_.
   AnyTensorDict& erase(c10::ArrayRef<std::string> path) {
+    if (auto nt = locate_non_tensor(path); nt.node) {
+      check_unlocked(*nt.node, path, "AnyTensorDict.erase");
+      nt.node->erase_non_tensor(nt.index);
+      return *this;
+    }
     auto at = resolve(path, "AnyTensorDict.erase");
     check_unlocked(*at.node, path, "AnyTensorDict.erase");
     at.node->erase_at(at.index);
@@ -499,6 +574,84 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     requires(sizeof...(Keys) > 0 && (std::is_convertible_v<const Keys&, std::string_view> && ...))
   AnyTensorDict& erase(const Keys&... keys) {
     return erase(path_of(keys...));
+  }
+
+  // ---- non-tensor data (non_tensor.hpp) ---------------------------------------------
+
+  // Python's td.set_non_tensor(key, value): a NonTensorData ("reach-target",
+  // 7), or a NonTensorStack whose shape is the batch size of the level that
+  // holds it. Sub-trees are created on the way; an entry at path (of any
+  // kind) is replaced. lock_error on a locked TensorDict.
+  AnyTensorDict& set_non_tensor(c10::ArrayRef<std::string> path, NonTensor value) {
+    if (path.empty()) throw key_error("AnyTensorDict.set_non_tensor: needs a key path of at least one key");
+    if (value.is_stack() && !batch_at(path).equals(value.shape()))
+      throw shape_error("AnyTensorDict.set_non_tensor(" + to_string(path) + "): a NonTensorStack of shape " +
+                        format_sizes(value.shape()) + " where the batch size is " + format_sizes(batch_at(path)));
+    parent_for_write(path, "AnyTensorDict.set_non_tensor").put_non_tensor(path.back(), std::move(value));
+    return *this;
+  }
+
+  // Python's td.get_non_tensor(key): the value of a NonTensorData, as T (one
+  // of non_tensor_value's alternatives: std::string, std::int64_t, double,
+  // bool, std::monostate; or non_tensor_value itself). dtype_error when it
+  // holds another kind; value_error for a NonTensorStack (index the
+  // TensorDict down to one element first, or read non_tensor(path).values()).
+  template <class T = non_tensor_value>
+  T get_non_tensor(c10::ArrayRef<std::string> path) const {
+    static_assert(is_non_tensor_alternative<T>,
+                  "get_non_tensor<T>: T must be std::string, std::int64_t, double, bool, std::monostate or non_tensor_value");
+    const NonTensor& entry = non_tensor(path);
+    if (entry.is_stack())
+      throw value_error("AnyTensorDict.get_non_tensor(" + to_string(path) + "): it holds one value per batch element (" +
+                        entry.repr() + "); index the TensorDict down to one element, or read non_tensor(path).values()");
+    if constexpr (std::is_same_v<T, non_tensor_value>) {
+      return entry.value();
+    } else {
+      if (const T* v = std::get_if<T>(&entry.value())) return *v;
+      throw dtype_error("AnyTensorDict.get_non_tensor(" + to_string(path) + "): asked for " +
+                        kind_name(non_tensor_value(T{})) + ", but it holds " + kind_name(entry.value()) + " " + tensordict::repr(entry.value()));
+    }
+  }
+  // The entry itself (NonTensorData or NonTensorStack); key_error when path holds none.
+  const NonTensor& non_tensor(c10::ArrayRef<std::string> path) const {
+    auto at = locate_non_tensor(path);
+    if (!at.node) {
+      if (locate(path).node)
+        throw key_error("AnyTensorDict.non_tensor(" + to_string(path) + "): it holds a " +
+                        (is_leaf(path) ? "tensor (" + describe(get(path)) + ")" : std::string("sub-tree")) +
+                        ", not non-tensor data; use get(...) for it");
+      (void)resolve(path, "AnyTensorDict.non_tensor");  // throws, naming the keys there
+    }
+    return at.node->non_tensors[at.index];
+  }
+  bool is_non_tensor(c10::ArrayRef<std::string> path) const { return locate_non_tensor(path).node != nullptr; }
+
+  // Key paths of the non-tensor entries, depth first (those of sub-trees too unless include_nested is false).
+  std::vector<any_key_path> non_tensor_keys(bool include_nested = true) const {
+    std::vector<any_key_path> out;
+    any_key_path path;
+    auto level = [&](auto& self, const detail::any_node& node) -> void {
+      for (const std::string& name : node.non_tensor_names) {
+        path.push_back(name);
+        out.push_back(path);
+        path.pop_back();
+      }
+      if (!include_nested) return;
+      for (std::size_t i = 0; i < node.size(); ++i)
+        if (!node.is_leaf(i)) {
+          path.push_back(node.names[i]);
+          self(self, *node.children[i]);
+          path.pop_back();
+        }
+    };
+    level(level, *node_);
+    return out;
+  }
+
+  template <class T = non_tensor_value, class... Keys>
+    requires(sizeof...(Keys) > 0 && (std::is_convertible_v<const Keys&, std::string_view> && ...))
+  T get_non_tensor(const Keys&... keys) const {
+    return get_non_tensor<T>(path_of(keys...));
   }
 
   // ---- whole-tree operations ------------------------------------------------------
@@ -571,6 +724,11 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
         throw key_error("AnyTensorDict.flatten_keys: two leaves flatten to \"" + joined + "\"");
       out.insert_leaf({joined}, t);
     });
+    for (const any_key_path& path : non_tensor_keys()) {
+      const std::string joined = join(path, separator);
+      if (out.contains({joined})) throw key_error("AnyTensorDict.flatten_keys: two entries flatten to \"" + joined + "\"");
+      out.set_non_tensor({joined}, non_tensor(path));
+    }
     return out;
   }
 
@@ -580,15 +738,13 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     if (separator.empty()) throw value_error("AnyTensorDict.unflatten_keys: the separator is empty");
     AnyTensorDict out(batch_size(), device());
     for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      any_key_path split;
-      for (const auto& part : path) {
-        std::size_t start = 0;
-        for (std::size_t pos; (pos = part.find(separator, start)) != std::string::npos; start = pos + separator.size())
-          split.push_back(part.substr(start, pos - start));
-        split.push_back(part.substr(start));
-      }
-      out.insert_leaf(split, t);
+      out.insert_leaf(split_keys(path, separator), t);
     });
+    for (const any_key_path& path : non_tensor_keys()) {
+      const any_key_path split = split_keys(path, separator);
+      if (out.contains(split)) throw key_error("AnyTensorDict.unflatten_keys: the key " + to_string(split) + " is given twice");
+      out.set_non_tensor(split, non_tensor(path));
+    }
     return out;
   }
 
@@ -660,6 +816,18 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   AnyTensorDict(std::shared_ptr<detail::any_root> root, std::shared_ptr<detail::any_node> node)
       : root_(std::move(root)), node_(std::move(node)) {}
 
+  // Each key of path split at separator: ("a.b", "c") with "." is ("a", "b", "c").
+  static any_key_path split_keys(const any_key_path& path, std::string_view separator) {
+    any_key_path split;
+    for (const auto& part : path) {
+      std::size_t start = 0;
+      for (std::size_t pos; (pos = part.find(separator, start)) != std::string::npos; start = pos + separator.size())
+        split.push_back(part.substr(start, pos - start));
+      split.push_back(part.substr(start));
+    }
+    return split;
+  }
+
   template <class... Keys>
   static any_key_path path_of(const Keys&... keys) {
     return any_key_path{std::string(std::string_view(keys))...};
@@ -695,6 +863,52 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     return {};
   }
 
+  // For update_at_: each of other's non-tensor entries written at `indices`
+  // into the entry here, as new entries to put in place once every write checked.
+  std::vector<std::pair<NonTensor*, NonTensor>> non_tensors_written_at(const AnyTensorDict& other,
+                                                                     c10::ArrayRef<at::indexing::TensorIndex> indices) {
+    std::vector<std::pair<NonTensor*, NonTensor>> out;
+    const std::vector<any_key_path> paths = other.non_tensor_keys();
+    if (paths.empty()) return out;
+    const auto batch = detail::batch_indices(indices, batch_dims());
+    for (const any_key_path& path : paths) {
+      const std::string where = "TensorDict.update_at_(" + to_string(path) + "): ";
+      auto at = locate_non_tensor(path);
+      if (!at.node) throw key_error(where + "other holds non-tensor data there, this TensorDict " + (contains(path) ? "a tensor or a sub-tree" : "nothing"));
+      NonTensor& mine = at.node->non_tensors[at.index];
+      const NonTensor& theirs = other.non_tensor(path);
+      const c10::IntArrayRef level = at.node->batch;
+      const std::int64_t n = c10::multiply_integers(level);
+      at::Tensor positions;
+      try {
+        positions = at::arange(n, at::kLong).view(level).index(batch).contiguous();
+      } catch (const c10::Error& e) {
+        throw index_error(where + "the index does not fit batch_size=" + format_sizes(level) + ": " + e.what_without_backtrace());
+      }
+      if (theirs.is_stack() && !positions.sizes().equals(theirs.shape()))
+        throw shape_error(where + "cannot write " + theirs.repr() + " at the index, which selects " + format_sizes(positions.sizes()) +
+                          " elements");
+      if (!mine.is_stack() && !theirs.is_stack() && mine.value() == theirs.value()) continue;
+      std::vector<non_tensor_value> values = mine.per_element(n);
+      const std::int64_t* p = positions.data_ptr<std::int64_t>();
+      for (std::int64_t i = 0; i < positions.numel(); ++i)
+        values[static_cast<std::size_t>(p[i])] = theirs.is_stack() ? theirs.values()[static_cast<std::size_t>(i)] : theirs.value();
+      if (level.empty()) out.emplace_back(&mine, NonTensor(std::move(values.front())));
+      else out.emplace_back(&mine, NonTensor::stack(std::move(values), level.vec()));
+    }
+    return out;
+  }
+
+  // The node and position of a non-tensor entry at path, or none.
+  location locate_non_tensor(c10::ArrayRef<std::string> path) const {
+    if (path.empty()) return {};
+    const location parent = path.size() == 1 ? location{} : locate(path.slice(0, path.size() - 1));
+    if (path.size() > 1 && (!parent.node || parent.node->is_leaf(parent.index))) return {};
+    detail::any_node* node = path.size() == 1 ? node_.get() : parent.node->children[parent.index].get();
+    const std::size_t i = node->find_non_tensor(path.back());
+    return i == npos ? location{} : location{node, i};
+  }
+
   // As locate, but throws key_error naming the key and the keys available there.
   location resolve(c10::ArrayRef<std::string> path, const char* op) const {
     if (path.empty()) throw key_error(std::string(op) + ": needs a key path of at least one key");
@@ -702,6 +916,10 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     for (std::size_t k = 0;; ++k) {
       const std::size_t i = node->find(path[k]);
       if (i == npos) {
+        if (const std::size_t j = node->find_non_tensor(path[k]); j != npos)
+          throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) +
+                          " holds non-tensor data (" + node->non_tensors[j].repr() +
+                          "), not a tensor or a sub-tree; read it with get_non_tensor(...) or non_tensor(...)");
         std::string where = k == 0 ? "at the top level" : "under " + to_string(path.slice(0, k));
         throw key_error(std::string(op) + "(" + to_string(path) + "): no key \"" + path[k] + "\" " + where +
                         "; the keys there are " + node->listing());
@@ -756,7 +974,10 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     std::size_t k = 0;
     for (; k + 1 < path.size(); ++k) {
       const std::size_t i = node->find(path[k]);
-      if (i == npos) break;
+      if (i == npos) {
+        check_not_non_tensor(*node, path, k, op);
+        break;
+      }
       if (node->is_leaf(i))
         throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) +
                         " holds a tensor (" + describe(node->tensors[i]) + "), so it cannot hold the key \"" +
@@ -773,12 +994,22 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     return *node;
   }
 
+  // path[k], which path goes on after, is not a non-tensor entry of node.
+  static void check_not_non_tensor(const detail::any_node& node, c10::ArrayRef<std::string> path, std::size_t k, const char* op) {
+    if (const std::size_t j = node.find_non_tensor(path[k]); j != npos)
+      throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) + " holds non-tensor data (" +
+                      node.non_tensors[j].repr() + "), so it cannot hold the key \"" + path[k + 1] + "\"");
+  }
+
   // The node that would hold path.back() is not locked (nodes still to be created are not).
   void check_writable_path(c10::ArrayRef<std::string> path, const char* op) const {
     const detail::any_node* node = node_.get();
     for (std::size_t k = 0; k + 1 < path.size(); ++k) {
       const std::size_t i = node->find(path[k]);
-      if (i == npos) break;
+      if (i == npos) {
+        check_not_non_tensor(*node, path, k, op);
+        break;
+      }
       if (node->is_leaf(i))
         throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) + " holds a tensor");
       node = node->children[i].get();
@@ -805,7 +1036,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   void put_entry(c10::ArrayRef<std::string> path, const detail::any_node& from, std::size_t index, const char* op,
                  const AnyTensorDict* like) {
     detail::any_node& target = parent_for_write(path, op, like);
-    if (target.find(path.back()) != npos) throw key_error(std::string(op) + ": the key " + to_string(path) + " is given twice");
+    if (target.find(path.back()) != npos || target.find_non_tensor(path.back()) != npos)
+      throw key_error(std::string(op) + ": the key " + to_string(path) + " is given twice");
     if (from.is_leaf(index)) target.add_leaf(path.back(), from.tensors[index]);
     else target.add_child(path.back(), copy_node(*from.children[index]));
   }
@@ -823,6 +1055,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     for (std::size_t k = 0; k + 1 < path.size(); ++k) {
       const std::size_t i = node->find(path[k]);
       if (i == npos) {
+        check_not_non_tensor(*node, path, k, "AnyTensorDict");
         node = &node->add_child(path[k]);
         continue;
       }
@@ -831,7 +1064,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
                         " to be a sub-tree, but it is a leaf");
       node = node->children[i].get();
     }
-    if (node->find(path.back()) != npos) throw key_error("AnyTensorDict: the key " + to_string(path) + " is given twice");
+    if (node->find(path.back()) != npos || node->find_non_tensor(path.back()) != npos)
+      throw key_error("AnyTensorDict: the key " + to_string(path) + " is given twice");
     node->add_leaf(path.back(), t);
   }
 
@@ -866,6 +1100,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       if (from.children[i]) out->add_child(from.names[i], copy_node(*from.children[i]));
       else out->add_leaf(from.names[i], from.tensors[i]);
     }
+    out->non_tensor_names = from.non_tensor_names;
+    out->non_tensors = from.non_tensors;
     return out;
   }
 
@@ -888,23 +1124,58 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // whose nested levels' batch sizes follow `rule`; a leaf for which f
   // returns an undefined tensor is left out, sub-trees that end empty stay
   // (as in Python). Leaves are moved to `device` and checked against their level.
+  // rearrange: how the verb moves the batch dims (index, reshape, ...), which
+  // NonTensorStacks follow (non_tensor.hpp); without it they must keep their shape.
+  using rearrangement = std::function<at::Tensor(const at::Tensor&)>;
   template <class F>
   AnyTensorDict mapped(F&& f, c10::IntArrayRef batch, std::optional<at::Device> device, detail::nested_batch rule,
-                       const char* op) const {
+                       const char* op, const rearrangement* rearrange = nullptr) const {
     AnyTensorDict out(batch, device);
     if (batch.equals(batch_size())) out.root_->names = stored_names_padded();
     any_key_path path;
-    out.node_ = map_level(*node_, batch, f, path, device, rule, op);
+    out.node_ = map_level(*node_, batch, f, path, device, rule, op, rearrange);
     return out;
+  }
+  // tensordict_ops' verbs that move the batch dims: f applies to leaves and to NonTensorStacks' positions.
+  template <class F>
+  AnyTensorDict rearranged_entries(F& f, c10::IntArrayRef batch) const {
+    const rearrangement positions = [&](const at::Tensor& t) { return at::Tensor(f(t)); };
+    return mapped([&](const any_key_path&, const at::Tensor& t) { return f(t); }, batch, device(), detail::nested_batch::follow,
+                  "TensorDict.apply", &positions);
+  }
+  // A NonTensorStack at `path` of a level going from batch `from` to `to`:
+  // its values follow `rearrange` when given (applied to each value's
+  // position); without it the batch size must stay. One element left is a NonTensorData.
+  NonTensor carried(const NonTensor& v, c10::IntArrayRef from, c10::IntArrayRef to, const rearrangement* rearrange,
+                    const any_key_path& path, const char* op) const {
+    if (!v.is_stack()) return v;
+    if (!rearrange) {
+      if (from.equals(to)) return v;
+      throw value_error(std::string(op) + ": " + to_string(path) + " holds one value per batch element (" + v.repr() +
+                        "), which cannot follow the batch size from " + format_sizes(from) + " to " + format_sizes(to) +
+                        "; exclude it first (td.exclude({" + to_string(path) + "}))");
+    }
+    const std::int64_t n = static_cast<std::int64_t>(v.values().size());
+    const at::Tensor positions = (*rearrange)(at::arange(n, at::TensorOptions(at::kLong).device(device().value_or(at::kCPU))).view(from));
+    if (!positions.defined() || !positions.sizes().equals(to))
+      throw shape_error(std::string(op) + ": the positions of " + to_string(path) + "'s values came out " +
+                        (positions.defined() ? describe(positions) : std::string("undefined")) + ", not of the shape " + format_sizes(to));
+    const at::Tensor flat = positions.to(at::kCPU).contiguous();
+    const std::int64_t* p = flat.data_ptr<std::int64_t>();
+    std::vector<non_tensor_value> values;
+    values.reserve(static_cast<std::size_t>(flat.numel()));
+    for (std::int64_t i = 0; i < flat.numel(); ++i) values.push_back(v.values()[static_cast<std::size_t>(p[i])]);
+    if (to.empty()) return NonTensor(std::move(values.front()));
+    return NonTensor::stack(std::move(values), to.vec());
   }
   template <class F>
   AnyTensorDict map_leaves(F&& f, c10::IntArrayRef batch, detail::nested_batch rule) const {
     return mapped([&](const any_key_path&, const at::Tensor& t) { return f(t); }, batch, device(), rule, "TensorDict.batch_size");
   }
   template <class F>
-  static std::shared_ptr<detail::any_node> map_level(const detail::any_node& from, c10::IntArrayRef batch, F& f, any_key_path& path,
-                                                     const std::optional<at::Device>& device, detail::nested_batch rule,
-                                                     const char* op) {
+  std::shared_ptr<detail::any_node> map_level(const detail::any_node& from, c10::IntArrayRef batch, F& f, any_key_path& path,
+                                              const std::optional<at::Device>& device, detail::nested_batch rule, const char* op,
+                                              const rearrangement* rearrange) const {
     auto node = std::make_shared<detail::any_node>();
     node->batch.assign(batch.begin(), batch.end());
     for (std::size_t i = 0; i < from.size(); ++i) {
@@ -915,7 +1186,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
         if (!detail::starts_with(child_batch, batch))
           throw shape_error(std::string(op) + ": the nested TensorDict " + to_string(path) + " has batch_size=" +
                             format_sizes(child.batch) + ", which does not start with " + format_sizes(batch));
-        node->add_child(from.names[i], map_level(child, child_batch, f, path, device, rule, op));
+        node->add_child(from.names[i], map_level(child, child_batch, f, path, device, rule, op, rearrange));
       } else if (at::Tensor r = f(std::as_const(path), from.tensors[i]); r.defined()) {
         if (device && r.device() != *device) r = r.to(*device);
         if (!detail::has_batch_prefix(r, batch))
@@ -923,6 +1194,12 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
                             ", but its leading dims must be the batch size " + format_sizes(batch));
         node->add_leaf(from.names[i], std::move(r));
       }
+      path.pop_back();
+    }
+    for (std::size_t i = 0; i < from.non_tensors.size(); ++i) {
+      path.push_back(from.non_tensor_names[i]);
+      node->non_tensor_names.push_back(from.non_tensor_names[i]);
+      node->non_tensors.push_back(carried(from.non_tensors[i], from.batch, batch, rearrange, path, op));
       path.pop_back();
     }
     return node;
@@ -948,7 +1225,17 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
         shapes.push_back(from.tensors[i].sizes());
       }
     }
+    for (const NonTensor& v : from.non_tensors)
+      if (v.is_stack()) shapes.push_back(v.shape());
     node->batch = detail::common_batch(shapes, from.batch, batch_dims);
+    for (std::size_t i = 0; i < from.non_tensors.size(); ++i) {
+      const NonTensor& v = from.non_tensors[i];
+      if (v.is_stack() && !c10::IntArrayRef(node->batch).equals(v.shape()))
+        throw value_error("TensorDict.auto_batch_size_: " + from.non_tensor_names[i] + " holds one value per element of " +
+                          format_sizes(v.shape()) + ", but the batch size would become " + format_sizes(node->batch));
+      node->non_tensor_names.push_back(from.non_tensor_names[i]);
+      node->non_tensors.push_back(v);
+    }
     return node;
   }
 
@@ -994,6 +1281,9 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       }
       leaves[found] = t;
     });
+    for (const any_key_path& path : non_tensor_keys())
+      problem(to_string(path) + ": non-tensor data (" + non_tensor(path).repr() +
+              "), which a typed TensorDict does not hold; exclude it first");
     // The batch size of each nested level of S: the level here, or its parent's where there is none.
     constexpr auto& parents = detail::node_parents_of<S>::value;
     std::vector<std::vector<std::int64_t>> batches(S::node_count, batch_size().vec());
@@ -1029,19 +1319,25 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
 
   static void print_level(std::string& out, const detail::any_node& node, bool multiline) {
-    std::vector<std::size_t> order(node.size());
+    // Positions past node.size() are the non-tensor entries.
+    std::vector<std::size_t> order(node.size() + node.non_tensors.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return node.names[a] < node.names[b]; });
+    auto name = [&](std::size_t i) -> const std::string& {
+      return i < node.size() ? node.names[i] : node.non_tensor_names[i - node.size()];
+    };
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return name(a) < name(b); });
     bool first = true;
     for (std::size_t i : order) {
       if (!first) out += multiline ? "," : ", ";
       if (multiline) out += "\n    ";
-      out += node.names[i];
+      out += name(i);
       out += ": ";
-      if (node.children[i]) {
+      if (i >= node.size()) {
+        out += node.non_tensors[i - node.size()].repr();
+      } else if (node.children[i]) {
         out += '{';
         // A level with dims of its own beyond its parent's shows its batch size.
-        if (node.children[i]->batch != node.batch) out += "batch_size=" + format_sizes(node.children[i]->batch) + (node.children[i]->size() ? ", " : "");
+        if (node.children[i]->batch != node.batch) out += "batch_size=" + format_sizes(node.children[i]->batch) + (node.children[i]->size() + node.children[i]->non_tensors.size() ? ", " : "");
         print_level(out, *node.children[i], false);
         out += '}';
       } else {
@@ -1065,6 +1361,32 @@ inline AnyTensorDict unflatten_if_flat(const AnyTensorDict& td) {
     dotted = dotted || name.find('.') != std::string::npos;
   }
   return flat && dotted ? td.unflatten_keys(".") : td;
+}
+
+// Non-tensor entries of several TensorDicts (views, whose batch sizes they
+// have) joined as their leaves would be by join(path, parts): NonTensorData
+// of one value stay one (tensordict 0.4's stack); otherwise each value's
+// position is joined, giving a NonTensorStack.
+template <class Join>
+NonTensor joined_non_tensor(const std::vector<NonTensor>& entries, const std::vector<AnyTensorDict>& views, c10::IntArrayRef batch,
+                            const any_key_path& path, Join& join) {
+  const bool one_value = std::all_of(entries.begin(), entries.end(), [&](const NonTensor& e) {
+    return !e.is_stack() && e.value() == entries.front().value();
+  });
+  if (one_value) return entries.front();
+  std::vector<non_tensor_value> values;
+  std::vector<at::Tensor> positions;
+  for (std::size_t k = 0; k < entries.size(); ++k) {
+    const std::int64_t start = static_cast<std::int64_t>(values.size());
+    const auto mine = entries[k].per_element(views[k].numel());
+    values.insert(values.end(), mine.begin(), mine.end());
+    positions.push_back(at::arange(start, static_cast<std::int64_t>(values.size()), at::kLong).view(views[k].batch_size()));
+  }
+  const at::Tensor joined = at::Tensor(join(path, positions)).contiguous();
+  std::vector<non_tensor_value> out;
+  out.reserve(static_cast<std::size_t>(joined.numel()));
+  for (std::int64_t i = 0; i < joined.numel(); ++i) out.push_back(values[static_cast<std::size_t>(joined.data_ptr<std::int64_t>()[i])]);
+  return NonTensor::stack(std::move(out), batch.vec());
 }
 
 // The leaves of several TensorDicts with the same keys, joined by join(path,
@@ -1095,7 +1417,25 @@ AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op,
       }
       path.pop_back();
     }
+    const std::vector<any_key_path> non_tensors = first.non_tensor_keys(false);
+    for (const any_key_path& name : non_tensors) {
+      path.push_back(name.front());
+      std::vector<NonTensor> entries;
+      for (std::size_t k = 0; k < views.size(); ++k) {
+        if (!views[k].is_non_tensor(name))
+          throw key_error(std::string(op) + ": the non-tensor entry " + to_string(path) + " is in TensorDict 0 but not in TensorDict " +
+                          std::to_string(k));
+        entries.push_back(views[k].non_tensor(name));
+      }
+      out.set_non_tensor(name, joined_non_tensor(entries, views, out.batch_size(), path, join));
+      path.pop_back();
+    }
     for (std::size_t k = 1; k < views.size(); ++k)  // every key of TensorDict 0 is there: an extra one?
+      if (views[k].non_tensor_keys(false).size() != non_tensors.size())
+        throw key_error(std::string(op) + ": " + (path.empty() ? std::string("TensorDict ") : "under " + to_string(path) + ", TensorDict ") +
+                        std::to_string(k) + " has " + std::to_string(views[k].non_tensor_keys(false).size()) +
+                        " non-tensor entries but TensorDict 0 has " + std::to_string(non_tensors.size()));
+    for (std::size_t k = 1; k < views.size(); ++k)
       if (views[k].level_keys().size() != first.level_keys().size())
         throw key_error(std::string(op) + ": " + (path.empty() ? std::string("TensorDict ") : "under " + to_string(path) + ", TensorDict ") +
                         std::to_string(k) + " has " + std::to_string(views[k].level_keys().size()) + " keys but TensorDict 0 has " +

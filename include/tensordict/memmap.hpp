@@ -10,15 +10,18 @@
 // be what meta.json says. Tensors load on the CPU, by default each pointing
 // into a private mapping of its file (load_memory::mapped: file_options.hpp
 // says what it promises; load_memory::owned copies); the TensorDict's
-// device is the CPU when meta.json names one. Entries that are not tensors or
-// TensorDicts (NonTensorData) throw file_error, or are left out with
-// load_options::skip_non_tensors. save writes into a folder beside `dir` and
+// device is the CPU when meta.json names one. NonTensorData and
+// NonTensorStack entries (non_tensor.hpp) are read and written as tensordict
+// 0.4 does, when their values are None, bool, int, float or str; other
+// entries that are not tensors or TensorDicts throw file_error.
+// load_options::skip_non_tensors leaves all of them out. save writes into a folder beside `dir` and
 // puts it in place in one step, so `dir` is either the old or the new one whole.
 // Keys must be usable as file names (no "/", not "." or "..") and not
 // "shape", "device" or "_type", which meta.json uses itself.
 #pragma once
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -81,7 +84,11 @@ inline void load_memmap_level(AnyTensorDict& out, const std::filesystem::path& d
       out.set({e.name}, AnyTensorDict(sub_level.batch_size));
       AnyTensorDict child = out.get_tensordict({e.name});
       load_memmap_level(child, sub, sub_level, path, options);
-    } else if (!options.skip_non_tensors) {
+    } else if (options.skip_non_tensors) {
+    } else if (e.other == "NonTensorData" || e.other == "NonTensorStack") {
+      const std::string file = (dir / e.name / "meta.json").string();
+      out.set_non_tensor({e.name}, memmap::parse_non_tensor(read_file(file, ""), file, e.other, out.batch_size().vec()));
+    } else {
       throw file_error(to_string(path) + " holds a " + e.other + " (" + where +
                        "), not a tensor; load with load_options{.skip_non_tensors = true} to leave such values out");
     }
@@ -105,14 +112,49 @@ inline void check_memmap_savable(const AnyTensorDict& td, any_key_path& path) {
     }
     path.pop_back();
   }
+  for (const any_key_path& key : td.non_tensor_keys(false)) {
+    path.push_back(key.front());
+    if (!memmap::usable_key(key.front()) || memmap::reserved_key(key.front()) || !valid_utf8(key.front()))
+      throw file_error(to_string(path) + ": a memmap directory cannot hold this key (it must be valid UTF-8, usable as a file "
+                       "name, and not \"shape\", \"device\" or \"_type\")");
+    for (const non_tensor_value& v : td.non_tensor(key).values()) {
+      if (const double* d = std::get_if<double>(&v); d && !std::isfinite(*d))
+        throw file_error(to_string(path) + ": the value " + repr(v) + " has no JSON form for meta.json");
+      if (const std::string* text = std::get_if<std::string>(&v); text && !valid_utf8(*text))
+        throw file_error(to_string(path) + ": a string value is not valid UTF-8, which meta.json needs");
+    }
+    path.pop_back();
+  }
+}
+
+inline void create_new_directory(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::create_directory(dir, ec) || ec)
+    throw file_error("cannot create the directory " + dir.string() + ": " + (ec ? ec.message() : "it exists"));
+}
+
+// A meta.json of a TensorDict level holding nothing, of the given batch size.
+inline void write_empty_level(const std::filesystem::path& dir, c10::IntArrayRef batch, const nlohmann::ordered_json& device) {
+  create_new_directory(dir);
+  nlohmann::ordered_json meta = {{"shape", batch.vec()}, {"device", device}, {"_type", memmap::tensordict_type}};
+  const std::string text = meta.dump();
+  write_new_file(dir / "meta.json", text.data(), text.size(), "");
+}
+
+// A non-tensor entry's folder, as tensordict 0.4 writes it (detail/memmap_format.hpp).
+inline void write_non_tensor(const std::filesystem::path& dir, const NonTensor& v, c10::IntArrayRef batch,
+                             const nlohmann::ordered_json& device) {
+  create_new_directory(dir);
+  const std::string text = memmap::non_tensor_meta(v);
+  write_new_file(dir / "meta.json", text.data(), text.size(), "");
+  if (!v.is_stack()) return write_empty_level(dir / "_tensordict", batch, device);
+  for (std::int64_t k = 0; k < batch[0]; ++k) write_empty_level(dir / std::to_string(k), batch.slice(1), device);
 }
 
 // with_data false: each file full size and zero, without writing it (memmap_like).
 inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::path& dir, const nlohmann::ordered_json& device,
                               bool with_data) {
-  std::error_code ec;
-  if (!std::filesystem::create_directory(dir, ec) || ec)
-    throw file_error("cannot create the directory " + dir.string() + ": " + (ec ? ec.message() : "it exists"));
+  create_new_directory(dir);
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
   for (const std::string& name : td.level_keys()) {
     if (td.is_leaf({name})) {
@@ -130,6 +172,11 @@ inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::pa
       save_memmap_level(td.get_tensordict({name}), dir / name, device, with_data);
       meta[name] = {{"type", "TensorDict"}};
     }
+  }
+  for (const any_key_path& key : td.non_tensor_keys(false)) {
+    const NonTensor& v = td.non_tensor(key);
+    write_non_tensor(dir / key.front(), v, td.batch_size(), device);
+    meta[key.front()] = {{"type", v.is_stack() ? "NonTensorStack" : "NonTensorData"}};
   }
   meta["shape"] = td.batch_size().vec();  // each level its own: a nested one may add dims
   meta["device"] = device;

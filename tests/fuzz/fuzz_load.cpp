@@ -32,5 +32,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     (void)tensordict::detail::memmap::parse_meta(bytes, "meta.json");
   } catch (const tensordict::file_error&) {
   }
+  try {  // a non-tensor entry's meta.json, as NonTensorData and as a NonTensorStack of batch size [3, 2] (the seed's)
+    (void)tensordict::detail::memmap::parse_non_tensor(bytes, "meta.json", "NonTensorData", {});
+    (void)tensordict::detail::memmap::parse_non_tensor(bytes, "meta.json", "NonTensorStack", {3, 2});
+  } catch (const tensordict::file_error&) {
+  }
   return 0;
 }

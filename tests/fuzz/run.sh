@@ -32,6 +32,10 @@ done
 for f in "$root"/tests/data/tensordict-v0.4-memmap/*/meta.json; do
   cp "$f" "$corpus/memmap_$(basename "$(dirname "$f")")_meta.json"
 done
+for f in "$root"/tests/data/tensordict-v0.4-nontensor/strings_and_ints/task/meta.json \
+    "$root"/tests/data/tensordict-v0.4-nontensor/stacked_names/name/meta.json; do
+  cp "$f" "$corpus/nontensor_$(basename "$(dirname "$f")")_meta.json"
+done
 # -rss_limit_mb: a small file must not make the reader allocate much; -timeout: nor loop.
 status=0
 "$target" "$corpus" -max_total_time="$seconds" -rss_limit_mb=1024 -timeout=5 -max_len=8192 -print_final_stats=1 \

@@ -6,6 +6,14 @@
 //                             "shape": [5], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>"}
 //   <dir>/<leaf>.memmap      the leaf's bytes, row-major, little-endian
 //   <dir>/<sub>/meta.json    the same for each nested TensorDict (an empty one has only its meta.json)
+//   <dir>/<key>/meta.json    a non-tensor entry ("<key>": {"type": "NonTensorData"} above):
+//                            {"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "data": "reach-target",
+//                             "_metadata": null, "_is_non_tensor": true}, beside <key>/_tensordict/meta.json
+//                            (a TensorDict level of the same batch size, holding nothing); a NonTensorStack's
+//                            {"_type": "<class 'tensordict.tensorclass.NonTensorStack'>", "stack_dim": 0,
+//                             "device": null, "data": [["alpha", "alpha"], ["beta", "beta"]]} holds the values
+//                            as nested lists over the batch size, beside <key>/0/meta.json ... one per element
+//                            along dim 0 (TensorDict levels holding nothing, which readers need not open)
 //
 // This header checks one level's meta.json (libtorch-free, for the fuzz
 // target); memmap.hpp walks the directories and checks every file's size.
@@ -22,11 +30,14 @@
 #include <nlohmann/json.hpp>
 
 #include "../errors.hpp"
+#include "../non_tensor.hpp"
 #include "file_dtypes.hpp"
 
 namespace tensordict::detail::memmap {
 
 inline constexpr std::string_view tensordict_type = "<class 'tensordict._td.TensorDict'>";
+inline constexpr std::string_view non_tensor_data_type = "<class 'tensordict.tensorclass.NonTensorData'>";
+inline constexpr std::string_view non_tensor_stack_type = "<class 'tensordict.tensorclass.NonTensorStack'>";
 
 struct entry {
   enum class kind { leaf, nested, other };
@@ -120,6 +131,88 @@ inline level parse_meta(std::string_view text, const std::string& where) {
     out.entries.push_back(std::move(e));
   }
   return out;
+}
+
+// A value of a non-tensor folder's "data": None, bool, int, float or str.
+inline non_tensor_value json_to_value(const nlohmann::ordered_json& v, const std::string& where) {
+  if (v.is_null()) return std::monostate{};
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+    throw file_error(where + ": the integer " + v.dump() + " does not fit 64 bits");
+  if (v.is_number_integer()) return v.get<std::int64_t>();
+  if (v.is_number_float()) return v.get<double>();
+  if (v.is_string()) return v.get<std::string>();
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  throw file_error(where + " holds " + text + "; non-tensor values are read when they are None, a bool, an int, a float or a "
+                   "str (load with load_options{.skip_non_tensors = true} to leave non-tensor entries out)");
+}
+
+inline nlohmann::ordered_json value_to_json(const non_tensor_value& v) {
+  struct {
+    nlohmann::ordered_json operator()(std::monostate) const { return nullptr; }
+    nlohmann::ordered_json operator()(bool b) const { return b; }
+    nlohmann::ordered_json operator()(std::int64_t i) const { return i; }
+    nlohmann::ordered_json operator()(double d) const { return d; }
+    nlohmann::ordered_json operator()(const std::string& s) const { return s; }
+  } to_json;
+  return std::visit(to_json, v);
+}
+
+// A non-tensor entry's meta.json (`text`, read from `where`): `kind` is what
+// the level's meta.json calls it ("NonTensorData" or "NonTensorStack"),
+// `batch` that level's batch size, whose shape a stack's nested lists must have.
+inline NonTensor parse_non_tensor(std::string_view text, const std::string& where, const std::string& kind,
+                                  const std::vector<std::int64_t>& batch) {
+  using json = nlohmann::ordered_json;
+  const json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) throw file_error(where + " is not valid JSON");
+  if (!root.is_object()) throw file_error(where + " is not a JSON object");
+  const auto type = root.find("_type");
+  const auto data = root.find("data");
+  const std::string_view expected = kind == "NonTensorStack" ? non_tensor_stack_type : non_tensor_data_type;
+  if (type == root.end() || !type->is_string() || type->get<std::string>() != expected)
+    throw file_error(where + ": \"_type\" is not \"" + std::string(expected) + "\", as the enclosing meta.json's \"" + kind + "\" needs");
+  if (data == root.end()) throw file_error(where + " has no \"data\"");
+  if (kind == "NonTensorData") return NonTensor(json_to_value(*data, where + ": \"data\""));
+  if (batch.empty()) throw file_error(where + ": a NonTensorStack in a TensorDict of batch size [] (it needs a dim)");
+  // Nested lists over the batch dims, the last varying fastest.
+  std::vector<non_tensor_value> values;
+  auto read = [&](auto& self, const json& v, std::size_t dim) -> void {
+    if (dim == batch.size()) return values.push_back(json_to_value(v, where + ": \"data\""));
+    if (!v.is_array() || v.size() != static_cast<std::uint64_t>(batch[dim]))
+      throw file_error(where + ": \"data\" is not nested lists of the batch size's shape (dim " + std::to_string(dim) +
+                       " should have " + std::to_string(batch[dim]) + " items)");
+    for (const json& item : v) self(self, item, dim + 1);
+  };
+  read(read, *data, 0);
+  return NonTensor::stack(std::move(values), batch);
+}
+
+// What parse_non_tensor reads: the entry's meta.json text.
+inline std::string non_tensor_meta(const NonTensor& v) {
+  using json = nlohmann::ordered_json;
+  json meta = json::object();
+  if (!v.is_stack()) {
+    meta["_type"] = non_tensor_data_type;
+    meta["data"] = value_to_json(v.value());
+    meta["_metadata"] = nullptr;
+    meta["_is_non_tensor"] = true;
+    return meta.dump();
+  }
+  const auto& shape = v.shape();
+  std::size_t next = 0;
+  auto nest = [&](auto& self, std::size_t dim) -> json {
+    if (dim == shape.size()) return value_to_json(v.values()[next++]);
+    json list = json::array();
+    for (std::int64_t i = 0; i < shape[dim]; ++i) list.push_back(self(self, dim + 1));
+    return list;
+  };
+  meta["_type"] = non_tensor_stack_type;
+  meta["stack_dim"] = 0;
+  meta["device"] = nullptr;
+  meta["data"] = nest(nest, 0);
+  return meta.dump();
 }
 
 }  // namespace tensordict::detail::memmap

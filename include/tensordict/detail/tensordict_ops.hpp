@@ -295,7 +295,7 @@ class tensordict_ops {
   Derived index(c10::ArrayRef<at::indexing::TensorIndex> indices) const {
     auto batch = batch_indices(indices, self().batch_size().size());
     const auto indexed = indexed_batch(batch, "index");
-    return self().apply([&](const at::Tensor& t) { return t.index(batch); }, indexed);
+    return rearranged([&](const at::Tensor& t) { return t.index(batch); }, indexed);
   }
   Derived index(std::initializer_list<at::indexing::TensorIndex> indices) const {
     return index(c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
@@ -328,7 +328,7 @@ class tensordict_ops {
     rest.erase(rest.begin() + dim);
     std::vector<Derived> out;
     out.reserve(n);
-    for (std::int64_t k = 0; k < n; ++k) out.push_back(self().apply([&](const at::Tensor& t) { return t.select(dim, k); }, rest));
+    for (std::int64_t k = 0; k < n; ++k) out.push_back(rearranged([&](const at::Tensor& t) { return t.select(dim, k); }, rest));
     return out;
   }
 
@@ -347,7 +347,7 @@ class tensordict_ops {
       if (target[lead + d] != batch[d] && batch[d] != 1)
         throw shape_error("TensorDict.expand: cannot expand batch_size=" + format_sizes(batch) + " to " + format_sizes(shape));
     }
-    return self().apply(
+    return rearranged(
         [&](const at::Tensor& t) {
           std::vector<std::int64_t> full = target;
           full.insert(full.end(), t.sizes().begin() + nb, t.sizes().end());
@@ -865,11 +865,19 @@ class tensordict_ops {
     if (std::any_of(mine.begin(), mine.end(), [](const auto& n) { return n.has_value(); })) out.rename_(move(mine));
     return out;
   }
+  // f moves the batch dims (index, select, reshape, expand...): applied to
+  // every leaf, and where the TensorDict has non-tensor entries
+  // (AnyTensorDict's), to the positions of a NonTensorStack's values.
+  template <class F>
+  Derived rearranged(F&& f, c10::IntArrayRef batch) const {
+    if constexpr (requires { self().rearranged_entries(f, batch); }) return self().rearranged_entries(f, batch);
+    else return self().apply(std::forward<F>(f), batch);
+  }
   // f(leaf, the leaf's own dims) for every leaf, into a TensorDict of batch size `batch`.
   template <class F>
   Derived with_batch(c10::IntArrayRef batch, F&& f) const {
     const auto nb = self().batch_size().size();
-    return self().apply([&](const at::Tensor& t) { return f(t, t.sizes().slice(nb)); }, batch);
+    return rearranged([&](const at::Tensor& t) { return f(t, t.sizes().slice(nb)); }, batch);
   }
   std::vector<Derived> pieces(const std::vector<std::int64_t>& sizes, std::int64_t dim) const {
     std::vector<Derived> out;
@@ -877,7 +885,7 @@ class tensordict_ops {
     for (auto size : sizes) {
       std::vector<std::int64_t> batch = self().batch_size().vec();
       batch[dim] = size;
-      out.push_back(self().apply([&](const at::Tensor& t) { return t.narrow(dim, start, size); }, batch));
+      out.push_back(rearranged([&](const at::Tensor& t) { return t.narrow(dim, start, size); }, batch));
       start += size;
     }
     return out;
