@@ -26,6 +26,7 @@
 #include <tensordict/files.hpp>
 #include <tensordict/memmap.hpp>
 #include <tensordict/preallocate.hpp>
+#include <tensordict/safetensors.hpp>
 
 // The exception's type, then its message (a failed write changes nothing, so the call can run twice).
 #define CHECK_THROWS_TYPED(expr, type, matcher) \
@@ -540,6 +541,12 @@ TEST_CASE("non-tensor data in memmap directories: tensordict 0.4's files, both w
   bad.set_non_tensor({"x"}, std::nan(""));
   CHECK_THROWS_TYPED(save_memmap(bad, out / "bad"), file_error, Contains("\"x\": the value nan has no JSON form"));
   CHECK_FALSE(std::filesystem::exists(out / "bad"));
+  // The other formats hold tensors only: refused, not left out.
+  CHECK_THROWS_TYPED(save(td, out / "td.pt"), file_error,
+                     Contains("\"task\" holds non-tensor data (NonTensorData('reach-target')), which torch.save files"));
+  CHECK_THROWS_TYPED(save_safetensors(td, out / "td.safetensors"), file_error, Contains("which safetensors files written here cannot hold"));
+  CHECK_FALSE(std::filesystem::exists(out / "td.pt"));
+  save(td.exclude(td.non_tensor_keys()), out / "td.pt");
 }
 
 TEST_CASE("indexed writes carry non-tensor data into a buffer, checked with the tensors", "[storage][non_tensor]") {

@@ -276,7 +276,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   // The keys of this level, in insertion order.
   const std::vector<std::string>& level_keys() const { return node_->names; }
-  bool empty() const { return node_->names.empty(); }
+  bool empty() const { return node_->names.empty() && node_->non_tensor_names.empty(); }
 
   // Key paths of every leaf, depth first, in insertion order.
   std::vector<any_key_path> keys() const {

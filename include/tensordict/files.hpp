@@ -196,6 +196,7 @@ inline std::string save_to_string(const AnyTensorDict& td, const save_options& o
 inline void save(const AnyTensorDict& td, const std::string& path, const save_options& options = {}) {
   const AnyTensorDict laid_out = detail::laid_out(td, options);
   detail::naming_the_file("tensordict::save", path, [&] {
+    detail::check_no_non_tensors(td, "torch.save files");
     detail::write_file_atomically(path, "tensordict::save", [&](std::ostream& out) { detail::write_torch_save(laid_out, out); });
   });
 }

@@ -82,6 +82,7 @@ struct safetensors_layout {
 };
 
 inline safetensors_layout plan_safetensors(const AnyTensorDict& td, const safetensors_metadata& metadata) {
+  check_no_non_tensors(td, "safetensors files");
   safetensors_layout out;
   std::map<std::string, any_key_path> named;
   td.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -97,6 +98,15 @@ inline void check_writable(const at::Tensor& t, const any_key_path& path, bool f
     throw file_error(to_string(path) + " has dtype " + std::string(c10::toString(t.scalar_type())) + ", which " + files +
                      " cannot hold");
   if (t.is_sparse() || t.is_quantized() || !t.has_storage()) throw file_error(to_string(path) + " is not a dense tensor");
+}
+
+// torch.save and safetensors files written here hold tensors only: a
+// non-tensor entry is refused rather than left out.
+inline void check_no_non_tensors(const AnyTensorDict& td, const char* files) {
+  const std::vector<any_key_path> keys = td.non_tensor_keys();
+  if (keys.empty()) return;
+  throw file_error(to_string(keys.front()) + " holds non-tensor data (" + td.non_tensor(keys.front()).repr() + "), which " + files +
+                   " written here cannot hold; save_memmap keeps it, or leave it out with td.exclude(td.non_tensor_keys())");
 }
 
 // The bytes of a tensor as a file holds them: contiguous, on the CPU.
