@@ -581,4 +581,20 @@ TEST_CASE("indexed writes carry non-tensor data into a buffer, checked with the 
   CHECK_THROWS_TYPED(buffer.update_at_(unknown, {Slice(0, 2)}), key_error, Contains("update_at_(\"label\"): other holds non-tensor data there"));
   CHECK(buffer.non_tensor({"task"}) == before);
   CHECK(at::equal(buffer.get("obs"), at::ones({4, 2})));  // rows 1, 2, then 3, 0
+
+  // One value written everywhere stays (or becomes) a NonTensorData; update_ replaces values in place.
+  AnyTensorDict fresh = zeros_like(sample, {4});
+  AnyTensorDict all_rows({{"obs", at::ones({4, 2})}}, {4});
+  all_rows.set_non_tensor({"task"}, "reach");
+  fresh.update_at_(all_rows, {Slice()});
+  CHECK(fresh.get_non_tensor<std::string>({"task"}) == "reach");
+  all_rows.set_non_tensor({"task"}, NonTensor::stack({"a", "b", "c", "d"}, {4}));
+  fresh.lock_().update_(all_rows);
+  CHECK(strings(fresh.non_tensor({"task"})) == std::vector<std::string>{"a", "b", "c", "d"});
+  CHECK_THROWS_TYPED(fresh.update_(unknown[0].unsqueeze(0).expand({4})), key_error, Contains("update_(\"label\")"));
+  AnyTensorDict scalar({{"obs", at::ones({2})}}, {});
+  scalar.set_non_tensor({"task"}, "one");
+  AnyTensorDict single = sample.clone();
+  single.update_(scalar);
+  CHECK(single.get_non_tensor<std::string>({"task"}) == "one");
 }

@@ -404,7 +404,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // Other's non-tensor entries are written into those here at the same
   // positions (a NonTensorData given another value there becomes a NonTensorStack).
   AnyTensorDict& update_at_(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices) {
-    std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, indices);
+    std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, indices, "update_at_");
     std::vector<pending_write> writes;
     writes.reserve(other.leaf_count());
     other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
@@ -523,7 +523,9 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
   // Writes other's leaves into this TensorDict's tensors in place (every key
   // of other must be a leaf here); works when locked. Checked before writing.
+  // Other's non-tensor entries replace the values of those here (which must exist).
   AnyTensorDict& update_(const AnyTensorDict& other) {
+    std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, {}, "update_");
     std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
     other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
       auto at = resolve(path, "AnyTensorDict.update_");
@@ -533,6 +535,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       pairs.emplace_back(at.node->tensors[at.index], t);
     });
     for (auto& [mine, theirs] : pairs) mine.copy_(theirs);
+    for (auto& [entry, value] : non_tensor_writes) *entry = std::move(value);  // cannot throw
     return *this;
   }
 
@@ -866,13 +869,13 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // For update_at_: each of other's non-tensor entries written at `indices`
   // into the entry here, as new entries to put in place once every write checked.
   std::vector<std::pair<NonTensor*, NonTensor>> non_tensors_written_at(const AnyTensorDict& other,
-                                                                     c10::ArrayRef<at::indexing::TensorIndex> indices) {
+                                                                     c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op) {
     std::vector<std::pair<NonTensor*, NonTensor>> out;
     const std::vector<any_key_path> paths = other.non_tensor_keys();
     if (paths.empty()) return out;
     const auto batch = detail::batch_indices(indices, batch_dims());
     for (const any_key_path& path : paths) {
-      const std::string where = "TensorDict.update_at_(" + to_string(path) + "): ";
+      const std::string where = std::string("TensorDict.") + op + "(" + to_string(path) + "): ";
       auto at = locate_non_tensor(path);
       if (!at.node) throw key_error(where + "other holds non-tensor data there, this TensorDict " + (contains(path) ? "a tensor or a sub-tree" : "nothing"));
       NonTensor& mine = at.node->non_tensors[at.index];
@@ -881,7 +884,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       const std::int64_t n = c10::multiply_integers(level);
       at::Tensor positions;
       try {
-        positions = at::arange(n, at::kLong).view(level).index(batch).contiguous();
+        positions = at::arange(n, at::kLong).view(level);
+        if (!batch.empty()) positions = positions.index(batch).contiguous();  // libtorch refuses an empty index list
       } catch (const c10::Error& e) {
         throw index_error(where + "the index does not fit batch_size=" + format_sizes(level) + ": " + e.what_without_backtrace());
       }
@@ -893,7 +897,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       const std::int64_t* p = positions.data_ptr<std::int64_t>();
       for (std::int64_t i = 0; i < positions.numel(); ++i)
         values[static_cast<std::size_t>(p[i])] = theirs.is_stack() ? theirs.values()[static_cast<std::size_t>(i)] : theirs.value();
-      if (level.empty()) out.emplace_back(&mine, NonTensor(std::move(values.front())));
+      const bool one_value = std::all_of(values.begin(), values.end(), [&](const non_tensor_value& v) { return v == values.front(); });
+      if (level.empty() || (one_value && !mine.is_stack())) out.emplace_back(&mine, NonTensor(std::move(values.front())));
       else out.emplace_back(&mine, NonTensor::stack(std::move(values), level.vec()));
     }
     return out;
