@@ -1151,8 +1151,9 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // A NonTensorStack at `path` of a level going from batch `from` to `to`:
   // its values follow `rearrange` when given (applied to each value's
   // position); without it the batch size must stay. One element left is a NonTensorData.
-  NonTensor carried(const NonTensor& v, c10::IntArrayRef from, c10::IntArrayRef to, const rearrangement* rearrange,
-                    const any_key_path& path, const char* op) const {
+  // (`device`: where the level's leaves are, which the verb's index tensors suit.)
+  static NonTensor carried(const NonTensor& v, c10::IntArrayRef from, c10::IntArrayRef to, const rearrangement* rearrange,
+                           const any_key_path& path, const char* op, at::Device device) {
     if (!v.is_stack()) return v;
     if (!rearrange) {
       if (from.equals(to)) return v;
@@ -1161,7 +1162,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
                         "; exclude it first (td.exclude({" + to_string(path) + "}))");
     }
     const std::int64_t n = static_cast<std::int64_t>(v.values().size());
-    const at::Tensor positions = (*rearrange)(at::arange(n, at::TensorOptions(at::kLong).device(device().value_or(at::kCPU))).view(from));
+    const at::Tensor positions = (*rearrange)(at::arange(n, at::TensorOptions(at::kLong).device(device)).view(from));
     if (!positions.defined() || !positions.sizes().equals(to))
       throw shape_error(std::string(op) + ": the positions of " + to_string(path) + "'s values came out " +
                         (positions.defined() ? describe(positions) : std::string("undefined")) + ", not of the shape " + format_sizes(to));
@@ -1178,9 +1179,9 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     return mapped([&](const any_key_path&, const at::Tensor& t) { return f(t); }, batch, device(), rule, "TensorDict.batch_size");
   }
   template <class F>
-  std::shared_ptr<detail::any_node> map_level(const detail::any_node& from, c10::IntArrayRef batch, F& f, any_key_path& path,
-                                              const std::optional<at::Device>& device, detail::nested_batch rule, const char* op,
-                                              const rearrangement* rearrange) const {
+  static std::shared_ptr<detail::any_node> map_level(const detail::any_node& from, c10::IntArrayRef batch, F& f, any_key_path& path,
+                                                     const std::optional<at::Device>& device, detail::nested_batch rule,
+                                                     const char* op, const rearrangement* rearrange) {
     auto node = std::make_shared<detail::any_node>();
     node->batch.assign(batch.begin(), batch.end());
     for (std::size_t i = 0; i < from.size(); ++i) {
@@ -1201,10 +1202,16 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       }
       path.pop_back();
     }
+    at::Device leaves_device = at::kCPU;
+    for (const at::Tensor& t : from.tensors)
+      if (t.defined()) {
+        leaves_device = t.device();
+        break;
+      }
     for (std::size_t i = 0; i < from.non_tensors.size(); ++i) {
       path.push_back(from.non_tensor_names[i]);
       node->non_tensor_names.push_back(from.non_tensor_names[i]);
-      node->non_tensors.push_back(carried(from.non_tensors[i], from.batch, batch, rearrange, path, op));
+      node->non_tensors.push_back(carried(from.non_tensors[i], from.batch, batch, rearrange, path, op, leaves_device));
       path.pop_back();
     }
     return node;
