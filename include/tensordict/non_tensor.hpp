@@ -122,14 +122,20 @@ class NonTensor {
   std::string repr() const {
     if (!stacked_) return "NonTensorData(" + tensordict::repr(values_.front()) + ")";
     std::string out = "NonTensorStack(shape=" + sizes(shape_) + ", [";
-    for (std::size_t i = 0; i < values_.size() && i < 4; ++i) out += (i ? ", " : "") + tensordict::repr(values_[i]);
+    for (std::size_t i = 0; i < values_.size() && i < 4; ++i) {
+      if (i) out += ", ";
+      out += tensordict::repr(values_[i]);
+    }
     return out + (values_.size() > 4 ? ", ...])" : "])");
   }
 
  private:
   static std::string sizes(const std::vector<std::int64_t>& s) {
     std::string out = "[";
-    for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(s[i]);
+    }
     return out + "]";
   }
 
