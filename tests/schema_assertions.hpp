@@ -83,4 +83,21 @@ static_assert(tensordict::detail::embedding<schema<node<"deep", node<"er", leaf<
 static_assert(is_sub_schema_v<schema<>, deep> && is_sub_schema_v<deep, deep>);
 static_assert(!is_sub_schema_v<schema<leaf<"deep">>, deep>);
 static_assert(!is_sub_schema_v<schema<node<"0", leaf<"scale">>>, deep>);
+// non-tensor fields: numbered apart from the leaves, carried by flatten, unflatten, select and update
+using step = schema<leaf<"obs">, non_tensor<"task">, node<"next", leaf<"obs">, non_tensor<"name">>, leaf<"reward">>;
+static_assert(step::leaf_count == 3 && step::non_tensor_count == 2 && step::node_count == 2);
+static_assert(non_tensor_index_v<step, "next", "name"> == 1 && leaf_index_v<step, "reward"> == 2);
+static_assert(std::is_same_v<type_at_t<step, "task">, non_tensor_leaf> && !has_path_v<step, "task", "x">);
+static_assert(non_tensor_path<step>(1).size() == 2 && non_tensor_path<step>(1)[1] == "name");
+using flat_step = flatten_t<step>;
+static_assert(std::is_same_v<flat_step, schema<leaf<"obs">, leaf<"next.obs">, leaf<"reward">, non_tensor<"task">, non_tensor<"next.name">>>);
+static_assert(std::is_same_v<unflatten_t<flat_step>,
+                             schema<leaf<"obs">, node<"next", leaf<"obs">, non_tensor<"name">>, leaf<"reward">, non_tensor<"task">>>);
+static_assert(unflatten_order_v<flat_step> == std::array<std::size_t, 3>{0, 1, 2});
+static_assert(unflatten_non_tensor_order_v<flat_step> == std::array<std::size_t, 2>{1, 0});
+static_assert(is_sub_schema_v<schema<non_tensor<"task">>, step> && !is_sub_schema_v<schema<leaf<"task">>, step>);
+static_assert(!is_sub_schema_v<schema<non_tensor<"obs">>, step> && !is_sub_schema_v<schema<non_tensor<"next">>, step>);
+static_assert(tensordict::detail::embedding<schema<node<"next", non_tensor<"name">>, non_tensor<"task">>, step>::non_tensors ==
+              std::array<std::size_t, 2>{1, 0});
+static_assert(tensordict::detail::select_impl<step, "next", "task">::non_tensors == std::array<std::size_t, 2>{1, 0});
 }  // namespace schema_assertions

@@ -3,8 +3,12 @@
 //   using linear = tensordict::schema<tensordict::leaf<"weight">, tensordict::leaf<"bias">>;
 //   using mlp    = tensordict::schema<tensordict::field<"0", linear>, tensordict::field<"2", linear>>;
 //
+//   using step = tensordict::schema<tensordict::leaf<"obs">, tensordict::non_tensor<"task">>;
+//
 // Leaves are numbered in declaration order (depth first); that order is the
-// storage order of a TensorDict and its iteration order. Every query here is a
+// storage order of a TensorDict and its iteration order. Non-tensor fields
+// (non_tensor.hpp: a string, a number) are numbered apart, in the same order:
+// leaf_count counts tensors only, non_tensor_count the others. Every query here is a
 // constant computed once per schema or per key path, over small arrays of
 // string_views, never by instantiating one type per leaf per lookup: that is
 // what keeps a 500-leaf schema cheap to compile. No libtorch header is
@@ -27,6 +31,9 @@ namespace tensordict {
 
 // The type of a field that holds one tensor.
 struct tensor_leaf {};
+// The type of a field that holds non-tensor data (Python's NonTensorData or
+// NonTensorStack: a NonTensor of non_tensor.hpp).
+struct non_tensor_leaf {};
 
 template <key Name, class T>
 struct field {
@@ -40,6 +47,9 @@ struct schema;
 template <key Name>
 using leaf = field<Name, tensor_leaf>;
 
+template <key Name>
+using non_tensor = field<Name, non_tensor_leaf>;
+
 template <key Name, class... Fields>
 using node = field<Name, schema<Fields...>>;
 
@@ -52,25 +62,35 @@ struct is_schema : std::false_type {};
 template <class... F>
 struct is_schema<schema<F...>> : std::true_type {};
 
+// A field that ends a key path: a tensor or non-tensor data.
+template <class T>
+inline constexpr bool is_terminal = std::is_same_v<T, tensor_leaf> || std::is_same_v<T, non_tensor_leaf>;
+
 template <class T>
 struct is_field : std::false_type {};
 template <key N, class T>
-struct is_field<field<N, T>> : std::bool_constant<std::is_same_v<T, tensor_leaf> || is_schema<T>::value> {};
+struct is_field<field<N, T>> : std::bool_constant<is_terminal<T> || is_schema<T>::value> {};
+
+// How many fields of type Kind (tensor_leaf or non_tensor_leaf) T holds.
+template <class T, class Kind>
+inline constexpr std::size_t entries_in = T::template count<Kind>;
+template <class Kind>
+inline constexpr std::size_t entries_in<tensor_leaf, Kind> = std::is_same_v<Kind, tensor_leaf>;
+template <class Kind>
+inline constexpr std::size_t entries_in<non_tensor_leaf, Kind> = std::is_same_v<Kind, non_tensor_leaf>;
 
 template <class T>
-inline constexpr std::size_t leaves_in = T::leaf_count;
-template <>
-inline constexpr std::size_t leaves_in<tensor_leaf> = 1;
+inline constexpr std::size_t leaves_in = entries_in<T, tensor_leaf>;
 
 template <class T>
-inline constexpr std::size_t nodes_in = T::node_count;
-template <>
-inline constexpr std::size_t nodes_in<tensor_leaf> = 0;
+inline constexpr std::size_t nodes_in = 0;
+template <class... F>
+inline constexpr std::size_t nodes_in<schema<F...>> = schema<F...>::node_count;
 
 template <class T>
-inline constexpr std::size_t depth_of = T::depth;
-template <>
-inline constexpr std::size_t depth_of<tensor_leaf> = 0;
+inline constexpr std::size_t depth_of = 0;
+template <class... F>
+inline constexpr std::size_t depth_of<schema<F...>> = schema<F...>::depth;
 
 // Pack indexing by overload resolution: one instantiation per pack, not per index.
 template <std::size_t I, class T>
@@ -162,8 +182,8 @@ template <key Leaf, key NextKey>
 struct key_path_continues_past_a_leaf {
   static_assert(always_false<available_keys<Leaf, NextKey>>,
                 "tensordict: the key path goes on after a leaf. The first key named in "
-                "'key_path_continues_past_a_leaf<...>' above holds a tensor, not a nested "
-                "TensorDict, so it has no key named by the second. Shorten the key path.");
+                "'key_path_continues_past_a_leaf<...>' above holds a tensor (or non-tensor data), not a "
+                "nested TensorDict, so it has no key named by the second. Shorten the key path.");
 };
 
 template <key FlatKey>
@@ -202,7 +222,8 @@ template <key Key>
 struct leaf_against_a_sub_tree {
   static_assert(always_false<available_keys<Key>>,
                 "tensordict: update(other): the key named in 'leaf_against_a_sub_tree<...>' above holds a tensor "
-                "on one side and a sub-tree on the other, so other's schema is not a part of this one's.");
+                "on one side and a sub-tree on the other (or non-tensor data against either), so other's schema is not a "
+                "part of this one's.");
 };
 
 template <key Key>
@@ -220,20 +241,30 @@ constexpr void report() {
 template <class... Fields>
 struct schema {
   static_assert((detail::is_field<Fields>::value && ...),
-                "tensordict::schema<...> takes fields: leaf<\"name\">, node<\"name\", fields...> "
+                "tensordict::schema<...> takes fields: leaf<\"name\">, non_tensor<\"name\">, node<\"name\", fields...> "
                 "or field<\"name\", schema<...>>.");
 
   static constexpr std::size_t field_count = sizeof...(Fields);
   static constexpr std::array<std::string_view, field_count> names{Fields::name.view()...};
-  static constexpr std::size_t leaf_count = (std::size_t{0} + ... + detail::leaves_in<typename Fields::type>);
+  template <class Kind>
+  static constexpr std::size_t count = (std::size_t{0} + ... + detail::entries_in<typename Fields::type, Kind>);
+  static constexpr std::size_t leaf_count = count<tensor_leaf>;
+  static constexpr std::size_t non_tensor_count = count<non_tensor_leaf>;
   // This schema's own node, then its sub-schemas depth first.
   static constexpr std::size_t node_count = (std::size_t{1} + ... + detail::nodes_in<typename Fields::type>);
   static constexpr std::size_t depth =
       field_count == 0 ? 0 : 1 + detail::max_of({std::size_t{0}, detail::depth_of<typename Fields::type>...});
   static constexpr std::array<std::size_t, field_count> leaf_offsets =
       detail::exclusive_prefix_sum<field_count>({detail::leaves_in<typename Fields::type>...}, 0);
+  static constexpr std::array<std::size_t, field_count> non_tensor_offsets =
+      detail::exclusive_prefix_sum<field_count>({detail::entries_in<typename Fields::type, non_tensor_leaf>...}, 0);
   static constexpr std::array<std::size_t, field_count> node_offsets =
       detail::exclusive_prefix_sum<field_count>({detail::nodes_in<typename Fields::type>...}, 1);
+  template <class Kind>
+  static constexpr const std::array<std::size_t, field_count>& offsets() {
+    if constexpr (std::is_same_v<Kind, tensor_leaf>) return leaf_offsets;
+    else return non_tensor_offsets;
+  }
 
   template <std::size_t I>
   using field_at = detail::pack_at<I, Fields...>;
@@ -260,6 +291,7 @@ struct resolve<S> {
   using type = S;
   using error = void;
   static constexpr std::size_t leaf_offset = 0;
+  static constexpr std::size_t non_tensor_offset = 0;
   static constexpr std::size_t node_offset = 0;
   static constexpr std::size_t parent_node = 0;
 };
@@ -270,11 +302,13 @@ struct resolve<S, K, Rest...> : resolve_in<S, S::find(K), K, Rest...> {};
 template <class Child, key Name, key... Rest>
 struct resolve_child : resolve<Child, Rest...> {};
 
-template <key Name, key Next, key... Rest>
-struct resolve_child<tensor_leaf, Name, Next, Rest...> {
-  using type = tensor_leaf;
+template <class Child, key Name, key Next, key... Rest>
+  requires is_terminal<Child>
+struct resolve_child<Child, Name, Next, Rest...> {
+  using type = Child;
   using error = compile_error::key_path_continues_past_a_leaf<Name, Next>;
   static constexpr std::size_t leaf_offset = 0;
+  static constexpr std::size_t non_tensor_offset = 0;
   static constexpr std::size_t node_offset = 0;
   static constexpr std::size_t parent_node = 0;
 };
@@ -286,7 +320,8 @@ struct resolve_in {
   using type = typename sub::type;
   using error = typename sub::error;
   static constexpr std::size_t leaf_offset = S::leaf_offsets[Index] + sub::leaf_offset;
-  static constexpr std::size_t node_offset = std::is_same_v<child, tensor_leaf> ? 0 : S::node_offsets[Index] + sub::node_offset;
+  static constexpr std::size_t non_tensor_offset = S::non_tensor_offsets[Index] + sub::non_tensor_offset;
+  static constexpr std::size_t node_offset = is_terminal<child> ? 0 : S::node_offsets[Index] + sub::node_offset;
   // The node that holds the target: what a lock on the way must be checked against.
   static constexpr std::size_t parent_node = sizeof...(Rest) == 0 ? 0 : S::node_offsets[Index] + sub::parent_node;
 };
@@ -296,6 +331,7 @@ struct resolve_in<S, npos, K, Rest...> {
   using type = tensor_leaf;
   using error = compile_error::unknown_key<K, typename S::keys>;
   static constexpr std::size_t leaf_offset = 0;
+  static constexpr std::size_t non_tensor_offset = 0;
   static constexpr std::size_t node_offset = 0;
   static constexpr std::size_t parent_node = 0;
 };
@@ -319,22 +355,20 @@ using path_error = typename path_error_of<S, typename resolve<S, Path...>::error
 
 // ---- leaf tables -----------------------------------------------------------
 
-template <class T, std::size_t Depth>
-struct leaf_table_of;
-
-template <std::size_t Depth>
-struct leaf_table_of<tensor_leaf, Depth> {
-  static constexpr std::array<leaf_entry<Depth>, 1> value{leaf_entry<Depth>{{}, 0, 0}};
+// The fields of type Kind (tensor_leaf: the leaves; non_tensor_leaf) of T, in order.
+template <class T, std::size_t Depth, class Kind = tensor_leaf>
+struct leaf_table_of {  // T is itself a field of one kind
+  static constexpr std::array<leaf_entry<Depth>, std::is_same_v<T, Kind> ? 1 : 0> value{};
 };
 
-template <class... Fields, std::size_t Depth>
-struct leaf_table_of<schema<Fields...>, Depth> {
+template <class... Fields, std::size_t Depth, class Kind>
+struct leaf_table_of<schema<Fields...>, Depth, Kind> {
   using S = schema<Fields...>;
-  static constexpr std::array<leaf_entry<Depth>, S::leaf_count> build() {
-    std::array<leaf_entry<Depth>, S::leaf_count> out{};
+  static constexpr std::array<leaf_entry<Depth>, S::template count<Kind>> build() {
+    std::array<leaf_entry<Depth>, S::template count<Kind>> out{};
     std::size_t field = 0;
     [[maybe_unused]] auto add = [&](std::string_view name, const auto& child_table, bool child_is_leaf) {
-      std::size_t base = S::leaf_offsets[field];
+      std::size_t base = S::template offsets<Kind>()[field];
       for (std::size_t i = 0; i < child_table.size(); ++i) {
         leaf_entry<Depth> e = child_table[i];
         for (std::size_t d = e.depth; d > 0; --d) e.parts[d] = e.parts[d - 1];
@@ -345,12 +379,10 @@ struct leaf_table_of<schema<Fields...>, Depth> {
       }
       ++field;
     };
-    (add(Fields::name.view(), leaf_table_of<typename Fields::type, Depth>::value,
-         std::is_same_v<typename Fields::type, tensor_leaf>),
-     ...);
+    (add(Fields::name.view(), leaf_table_of<typename Fields::type, Depth, Kind>::value, is_terminal<typename Fields::type>), ...);
     return out;
   }
-  static constexpr std::array<leaf_entry<Depth>, S::leaf_count> value = build();
+  static constexpr std::array<leaf_entry<Depth>, S::template count<Kind>> value = build();
 };
 
 // Parent of every node of a schema, in node order (the root's parent is npos).
@@ -365,7 +397,7 @@ struct node_parents_of<schema<Fields...>> {
     out[0] = npos;
     std::size_t field = 0;
     [[maybe_unused]] auto add = [&]<class Child>(std::type_identity<Child>) {
-      if constexpr (!std::is_same_v<Child, tensor_leaf>) {
+      if constexpr (is_schema<Child>::value) {
         std::size_t base = S::node_offsets[field];
         const auto& sub = node_parents_of<Child>::value;
         for (std::size_t i = 0; i < sub.size(); ++i) out[base + i] = i == 0 ? 0 : base + sub[i];
@@ -380,18 +412,18 @@ struct node_parents_of<schema<Fields...>> {
 
 // ---- flatten ---------------------------------------------------------------
 
-template <class S, key Separator, std::size_t Leaf>
+template <class S, key Separator, std::size_t Leaf, class Kind>
 constexpr std::size_t flat_key_length() {
-  const auto& e = leaf_table_of<S, S::depth>::value[Leaf];
+  const auto& e = leaf_table_of<S, S::depth, Kind>::value[Leaf];
   std::size_t n = (e.depth - 1) * Separator.size();
   for (std::size_t d = 0; d < e.depth; ++d) n += e.parts[d].size();
   return n;
 }
 
-template <class S, key Separator, std::size_t Leaf>
+template <class S, key Separator, std::size_t Leaf, class Kind = tensor_leaf>
 constexpr auto flat_key() {
-  const auto& e = leaf_table_of<S, S::depth>::value[Leaf];
-  key<flat_key_length<S, Separator, Leaf>()> out{};
+  const auto& e = leaf_table_of<S, S::depth, Kind>::value[Leaf];
+  key<flat_key_length<S, Separator, Leaf, Kind>()> out{};
   std::size_t pos = 0;
   for (std::size_t d = 0; d < e.depth; ++d) {
     if (d)
@@ -402,26 +434,29 @@ constexpr auto flat_key() {
   return out;
 }
 
-template <class S, key Separator, class Indices>
+// The leaves, then the non-tensor fields.
+template <class S, key Separator, class Leaves = std::make_index_sequence<S::leaf_count>,
+          class NonTensors = std::make_index_sequence<S::non_tensor_count>>
 struct flatten_impl;
 
-template <class S, key Separator, std::size_t... Leaf>
-struct flatten_impl<S, Separator, std::index_sequence<Leaf...>> {
-  using type = schema<leaf<flat_key<S, Separator, Leaf>()>...>;
+template <class S, key Separator, std::size_t... Leaf, std::size_t... NonTensor>
+struct flatten_impl<S, Separator, std::index_sequence<Leaf...>, std::index_sequence<NonTensor...>> {
+  using type = schema<leaf<flat_key<S, Separator, Leaf>()>..., non_tensor<flat_key<S, Separator, NonTensor, non_tensor_leaf>()>...>;
 };
 
 // ---- unflatten ---------------------------------------------------------------
 //
-// The leaves of a flat schema whose keys share the first `Pos` characters are
+// The fields of a flat schema whose keys share the first `Pos` characters are
 // grouped by the next part of their key (up to the separator), groups in order
-// of first appearance; each group becomes a leaf or a nested schema.
+// of first appearance; each group becomes a field of the same type (a tensor
+// or non-tensor data) or a nested schema.
 
 template <std::size_t M>
 struct grouping {
   std::size_t count = 0;                  // number of groups
   std::array<std::size_t, M> start{};     // first slot of each group in `members`
   std::array<std::size_t, M> size{};      // members per group
-  std::array<std::size_t, M> members{};   // leaf indices, grouped
+  std::array<std::size_t, M> members{};   // field indices, grouped
   std::array<std::size_t, M> head_length{};
   std::array<bool, M> is_leaf{};          // the group is one key with nothing after the head
   std::size_t conflict = npos;            // a group that is both a leaf and a prefix
@@ -491,7 +526,7 @@ struct unflatten_level<Flat, Separator, Pos, std::index_sequence<Is...>> {
 
   using type = decltype(build(std::make_index_sequence<groups.count>{}));
 
-  // For each leaf of `type`, in order, the index of the flat leaf it comes from.
+  // For each terminal field of `type`, depth first, the index of the flat field it comes from.
   static constexpr std::array<std::size_t, sizeof...(Is)> order() {
     std::array<std::size_t, sizeof...(Is)> out{};
     std::size_t n = 0;
@@ -522,7 +557,7 @@ struct unflatten_group {
     if constexpr (conflict)  // naming ::type instantiates the error, which reports it
       return std::type_identity<typename compile_error::key_is_both_a_leaf_and_a_prefix<head>::type>{};
     else if constexpr (g.is_leaf[G])
-      return std::type_identity<field<head, tensor_leaf>>{};
+      return std::type_identity<field<head, typename Flat::template field_at<first>::type>>{};
     else
       return std::type_identity<field<head, typename sub::type>>{};
   }
@@ -550,7 +585,13 @@ template <schema_type S, key... Path>
            std::is_same_v<typename detail::resolve<S, Path...>::type, tensor_leaf>)
 inline constexpr std::size_t leaf_index_v = detail::resolve<S, Path...>::leaf_offset;
 
-// The type at a key path: tensor_leaf or a sub-schema.
+// Index of the non-tensor field at a key path, in storage order.
+template <schema_type S, key... Path>
+  requires(sizeof...(Path) > 0 && std::is_void_v<typename detail::resolve<S, Path...>::error> &&
+           std::is_same_v<typename detail::resolve<S, Path...>::type, non_tensor_leaf>)
+inline constexpr std::size_t non_tensor_index_v = detail::resolve<S, Path...>::non_tensor_offset;
+
+// The type at a key path: tensor_leaf, non_tensor_leaf or a sub-schema.
 template <schema_type S, key... Path>
   requires std::is_void_v<typename detail::resolve<S, Path...>::error>
 using type_at_t = typename detail::resolve<S, Path...>::type;
@@ -568,17 +609,44 @@ constexpr key_path leaf_path(std::size_t leaf) {
   return key_path(e.parts.data(), e.depth);
 }
 
+// Every non-tensor field's key path, in storage order.
+template <schema_type S>
+inline constexpr const auto& non_tensor_paths_v = detail::leaf_table_of<S, S::depth, non_tensor_leaf>::value;
+
+template <schema_type S>
+constexpr key_path non_tensor_path(std::size_t i) {
+  const auto& e = non_tensor_paths_v<S>[i];
+  return key_path(e.parts.data(), e.depth);
+}
+
+// Every leaf and non-tensor field of S under its joined key ("0.weight"), leaves first.
 template <schema_type S, key Separator = ".">
-using flatten_t = typename detail::flatten_impl<S, Separator, std::make_index_sequence<S::leaf_count>>::type;
+using flatten_t = typename detail::flatten_impl<S, Separator>::type;
 
 template <schema_type S, key Separator = ".">
 using unflatten_t =
-    typename detail::unflatten_level<S, Separator, 0, std::make_index_sequence<S::leaf_count>>::type;
+    typename detail::unflatten_level<S, Separator, 0, std::make_index_sequence<S::field_count>>::type;
+
+namespace detail {
+// For each field of type Kind of unflatten_t<S, Separator>, the index of the one of S it comes from.
+template <class S, key Separator, class Kind>
+constexpr auto unflatten_order() {
+  constexpr auto fields = unflatten_level<S, Separator, 0, std::make_index_sequence<S::field_count>>::order();
+  std::array<std::size_t, S::template count<Kind>> out{};
+  std::size_t n = 0;
+  for (std::size_t f : fields)
+    if (S::template offsets<Kind>()[f] != (f + 1 < S::field_count ? S::template offsets<Kind>()[f + 1] : S::template count<Kind>))
+      out[n++] = S::template offsets<Kind>()[f];
+  return out;
+}
+}  // namespace detail
 
 // For each leaf of unflatten_t<S, Separator>, the index of the leaf of S it comes from.
 template <schema_type S, key Separator = ".">
-inline constexpr auto unflatten_order_v =
-    detail::unflatten_level<S, Separator, 0, std::make_index_sequence<S::leaf_count>>::order();
+inline constexpr auto unflatten_order_v = detail::unflatten_order<S, Separator, tensor_leaf>();
+// The same for the non-tensor fields.
+template <schema_type S, key Separator = ".">
+inline constexpr auto unflatten_non_tensor_order_v = detail::unflatten_order<S, Separator, non_tensor_leaf>();
 
 // Two schemas are equal when they have the same keys, nested the same way, in the same order.
 template <schema_type A, schema_type B>
@@ -588,8 +656,9 @@ inline constexpr bool schema_equal_v = std::is_same_v<A, B>;
 // recursively), or npos.
 template <class S>
 struct duplicate_check;
-template <>
-struct duplicate_check<tensor_leaf> {
+template <class T>
+  requires detail::is_terminal<T>
+struct duplicate_check<T> {
   using error = void;
 };
 template <class... Fields>
@@ -645,6 +714,16 @@ struct field_subset<S, Kept, std::index_sequence<I...>> {
     return out;
   }
   static constexpr std::array<std::size_t, type::leaf_count> leaves = build();
+  static constexpr std::array<std::size_t, type::non_tensor_count> build_non_tensors() {
+    std::array<std::size_t, type::non_tensor_count> out{};
+    std::size_t n = 0;
+    for (std::size_t k : Kept)
+      for (std::size_t l = S::non_tensor_offsets[k];
+           l < (k + 1 < S::field_count ? S::non_tensor_offsets[k + 1] : S::non_tensor_count); ++l)
+        out[n++] = l;
+    return out;
+  }
+  static constexpr std::array<std::size_t, type::non_tensor_count> non_tensors = build_non_tensors();
 };
 
 // The first key of Keys that S lacks or that appears twice, as the error to report, or void.
@@ -724,10 +803,12 @@ struct rename_error {
 template <class O, class T>
 struct embedding;
 
-template <>
-struct embedding<tensor_leaf, tensor_leaf> {
+template <class Kind>
+  requires is_terminal<Kind>
+struct embedding<Kind, Kind> {
   using error = void;
-  static constexpr std::array<std::size_t, 1> leaves{0};
+  static constexpr std::array<std::size_t, leaves_in<Kind>> leaves{};  // {0} for a tensor
+  static constexpr std::array<std::size_t, entries_in<Kind, non_tensor_leaf>> non_tensors{};
 };
 
 template <class F, class T>
@@ -739,7 +820,7 @@ struct embedded_field {
     } else {
       using mine = typename F::type;
       using theirs = typename T::template field_at<index>::type;
-      if constexpr (std::is_same_v<mine, tensor_leaf> != std::is_same_v<theirs, tensor_leaf>)
+      if constexpr ((is_terminal<mine> || is_terminal<theirs>) && !std::is_same_v<mine, theirs>)
         return std::type_identity<void>{};
       else
         return std::type_identity<embedding<mine, theirs>>{};
@@ -764,18 +845,25 @@ struct embedding<schema<Fields...>, T> {
   static constexpr std::size_t first_failed = first_true_or_zero(failed);
   using error = pack_at<first_failed, void, typename embedded_field<Fields, T>::error...>;
 
+  template <class Kind>
   static constexpr auto build() {
-    std::array<std::size_t, schema<Fields...>::leaf_count> out{};
+    std::array<std::size_t, schema<Fields...>::template count<Kind>> out{};
     if constexpr (std::is_void_v<error>) {
       std::size_t n = 0;
       [[maybe_unused]] auto add = [&]<class F>(std::type_identity<F>) {
-        for (std::size_t l : embedded_field<F, T>::sub::leaves) out[n++] = T::leaf_offsets[embedded_field<F, T>::index] + l;
+        using sub = typename embedded_field<F, T>::sub;
+        const std::size_t base = T::template offsets<Kind>()[embedded_field<F, T>::index];
+        if constexpr (std::is_same_v<Kind, tensor_leaf>)
+          for (std::size_t l : sub::leaves) out[n++] = base + l;
+        else
+          for (std::size_t l : sub::non_tensors) out[n++] = base + l;
       };
       (add(std::type_identity<Fields>{}), ...);
     }
     return out;
   }
-  static constexpr auto leaves = build();
+  static constexpr auto leaves = build<tensor_leaf>();
+  static constexpr auto non_tensors = build<non_tensor_leaf>();
 };
 
 }  // namespace detail
