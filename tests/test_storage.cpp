@@ -438,7 +438,7 @@ TEST_CASE("non-tensor data: set and read beside tensors, never a leaf", "[storag
   CHECK_THROWS_TYPED(td.get_non_tensor({"nope"}), key_error, Contains("no key \"nope\""));
   CHECK_THROWS_TYPED(td.set({"task", "x"}, at::ones({3})), key_error, Contains("holds non-tensor data"));
   CHECK_THROWS_TYPED(td.to_typed<schema<leaf<"obs">>>(), key_error,
-                     Contains("\"task\": non-tensor data (NonTensorData('reach-target')), which a typed TensorDict does not hold"));
+                     Contains("\"task\": non-tensor data (NonTensorData('reach-target')), which the schema has no non_tensor<...> field for"));
   CHECK(td.exclude(td.non_tensor_keys()).to_typed<schema<leaf<"obs">>>().get<"obs">().is_same(td.get("obs")));
 
   // A key holds one kind of entry: setting one kind replaces the other.
@@ -597,4 +597,113 @@ TEST_CASE("indexed writes carry non-tensor data into a buffer, checked with the 
   AnyTensorDict single = sample.clone();
   single.update_(scalar);
   CHECK(single.get_non_tensor<std::string>({"task"}) == "one");
+}
+
+TEST_CASE("typed TensorDict: non_tensor<...> fields beside the leaves, through every verb", "[storage][non_tensor]") {
+  using step = schema<leaf<"obs">, non_tensor<"task">, node<"next", leaf<"obs">, non_tensor<"name">>>;
+  TensorDict<step> td(std::vector<std::int64_t>{3});
+  td.set<"obs">(rows(3, 2)).set<"task">(std::string("reach")).set<"next", "obs">(rows(3, 2) + 10);
+  td.set<"next", "name">(NonTensor::stack({"a", "b", "c"}, {3}));
+  CHECK(td.get<"task">() == NonTensor(std::string("reach")));
+  CHECK(std::get<std::string>(td.get_non_tensor<"task">()) == "reach");
+  CHECK_THROWS_TYPED((td.get_non_tensor<"next", "name">()), value_error,
+                     Contains("TensorDict.get_non_tensor((\"next\", \"name\")): it holds one value per batch element"));
+  CHECK(td.keys().size() == 2);  // the leaves only, as values() and the arithmetic see them
+  CHECK(td.non_tensor_keys().size() == 2);
+  CHECK(to_string(td.non_tensor_keys()[1]) == "(\"next\", \"name\")");
+  CHECK(td.repr() == "TensorDict(batch_size=[3], fields={next: {name: NonTensorStack(shape=[3], ['a', 'b', 'c']), obs: f32[3,2]}, "
+                     "obs: f32[3,2], task: NonTensorData('reach')})");
+  CHECK_THROWS_TYPED((td.set<"next", "name">(NonTensor::stack({"x", "y"}, {2}))), shape_error,
+                     Contains("NonTensorStack(shape=[2], ['x', 'y']) has one value per element of [2]") && Contains("batch_size=[3]"));
+  TensorDict<step> unset(std::vector<std::int64_t>{3});
+  CHECK_THROWS_TYPED(unset.get<"task">(), key_error, Contains("the non-tensor field \"task\" is not set"));
+  CHECK(unset.repr() == "TensorDict(batch_size=[3], fields={next: {}})");
+  TensorDict<step> locked = td.clone().lock_();
+  CHECK_THROWS_AS(locked.set<"task">(std::string("push")), lock_error);
+
+  // Verbs that move the batch dims move a NonTensorStack's values; a NonTensorData keeps its value.
+  CHECK(td[1].get<"next", "name">() == NonTensor(std::string("b")));
+  CHECK(strings(td.index({at::tensor({2, 0}, at::kLong)}).get<"next", "name">()) == std::vector<std::string>{"c", "a"});
+  CHECK(strings(td.unsqueeze(0).expand({2, 3}).get<"next", "name">()) == std::vector<std::string>{"a", "b", "c", "a", "b", "c"});
+  CHECK(td.unbind(0)[2].get<"task">() == NonTensor(std::string("reach")));
+  const TensorDict<step> doubled = (td * 2).clone();
+  CHECK(doubled.get<"next", "name">() == td.get<"next", "name">());
+  CHECK_THROWS_TYPED(td.sum(), value_error, Contains("(\"next\", \"name\") holds one value per batch element"));
+  CHECK(td.exclude<"next">().sum().get<"task">() == NonTensor(std::string("reach")));
+
+  // stack and cat join them as AnyTensorDict does; select, exclude, rename_key, flatten_keys, unflatten_keys keep them.
+  TensorDict<step> other = td.clone();
+  other.set<"task">(std::string("push"));
+  const TensorDict<step> stacked = stack({td, other});
+  CHECK(strings(stacked.get<"task">()) == std::vector<std::string>{"reach", "reach", "reach", "push", "push", "push"});
+  CHECK(strings(stacked.get<"next", "name">()) == std::vector<std::string>{"a", "b", "c", "a", "b", "c"});
+  CHECK(stack({td, td}).get<"task">() == NonTensor(std::string("reach")));
+  CHECK(strings(cat({td.index({Slice(0, 1)}), other.index({Slice(2, 3)})}).get<"task">()) == std::vector<std::string>{"reach", "push"});
+  TensorDict<step> untasked(std::vector<std::int64_t>{3});
+  untasked.set<"obs">(rows(3, 2)).set<"next", "obs">(rows(3, 2)).set<"next", "name">(td.get<"next", "name">());
+  CHECK_THROWS_TYPED(stack({td, untasked}), key_error, Contains("the non-tensor field \"task\" is set in TensorDict 0 but not in TensorDict 1"));
+  CHECK(td.select<"next">().get<"next", "name">() == td.get<"next", "name">());
+  CHECK(td.exclude<"obs">().get<"task">() == td.get<"task">());
+  CHECK(td.rename_key<"task", "goal">().get<"goal">() == td.get<"task">());
+  CHECK(td.flatten_keys().get<"next.name">() == td.get<"next", "name">());
+  CHECK(td.flatten_keys().unflatten_keys().get<"next", "name">() == td.get<"next", "name">());
+
+  // To and from AnyTensorDict, both ways; a schema without the field refuses it, naming it.
+  const AnyTensorDict any(td);
+  CHECK(any.non_tensor({"next", "name"}) == td.get<"next", "name">());
+  CHECK(any.to_typed<step>().get<"task">() == td.get<"task">());
+  CHECK(any.to_typed<step>().get<"next", "name">() == td.get<"next", "name">());
+  CHECK_THROWS_TYPED((any.to_typed<schema<leaf<"obs">, node<"next", leaf<"obs">, non_tensor<"name">>>>()), key_error,
+                     Contains("\"task\": non-tensor data (NonTensorData('reach')), which the schema has no non_tensor<...> field for"));
+  const AnyTensorDict without_task(td.exclude<"task">());
+  CHECK_THROWS_TYPED(without_task.to_typed<step>(), key_error, Contains("\"task\": missing"));
+  CHECK(without_task.to_typed<step>({.allow_missing = true}).non_tensor_keys().size() == 1);
+
+  // update, update_ and update_at_ write them (checked first: a failed write changes nothing), also when locked.
+  TensorDict<step> buffer = zeros_like(td.index({0}), std::vector<std::int64_t>{4});  // NonTensorData kept, as in AnyTensorDict
+  CHECK(buffer.get<"next", "name">() == NonTensor(std::string("a")));
+  buffer.lock_();
+  using row = schema<leaf<"obs">, non_tensor<"task">>;
+  TensorDict<row> steps(std::vector<std::int64_t>{2});
+  steps.set<"obs">(at::ones({2, 2})).set<"task">(NonTensor::stack({"push", "pick"}, {2}));
+  buffer.update_at_(steps, {at::tensor({3, 0}, at::kLong)});
+  CHECK(strings(buffer.get<"task">()) == std::vector<std::string>{"pick", "reach", "reach", "push"});
+  CHECK(at::equal(buffer.get<"obs">()[3], at::ones({2})));
+  const NonTensor before = buffer.get<"task">();
+  TensorDict<row> three(std::vector<std::int64_t>{3});
+  three.set<"obs">(at::ones({3, 2})).set<"task">(NonTensor::stack({"a", "b", "c"}, {3}));
+  CHECK_THROWS_TYPED(buffer.update_at_(three, {Slice(0, 2)}), shape_error,
+                     Contains("update_at_(\"task\"): cannot write NonTensorStack(shape=[3]") && Contains("selects [2] elements"));
+  TensorDict<row> wrong(std::vector<std::int64_t>{2});
+  wrong.set<"obs">(at::ones({2, 3})).set<"task">(std::string("lost"));
+  CHECK_THROWS_AS(buffer.update_at_(wrong, {Slice(0, 2)}), shape_error);
+  CHECK(buffer.get<"task">() == before);
+  CHECK(at::equal(buffer.get<"obs">()[1], at::zeros({2})));
+
+  // One value written over every row stays a NonTensorData; update_ writes in place, update replaces.
+  TensorDict<step> fresh = zeros_like(td.index({0}), std::vector<std::int64_t>{4});
+  TensorDict<row> all_rows(std::vector<std::int64_t>{4});
+  all_rows.set<"obs">(at::ones({4, 2})).set<"task">(std::string("push"));
+  fresh.update_at_(all_rows, {Slice()});
+  CHECK(fresh.get<"task">() == NonTensor(std::string("push")));
+  all_rows.set<"task">(NonTensor::stack({"a", "b", "c", "d"}, {4}));
+  fresh.lock_().update_(all_rows);
+  CHECK(strings(fresh.get<"task">()) == std::vector<std::string>{"a", "b", "c", "d"});
+  using task_only = schema<non_tensor<"task">>;
+  TensorDict<task_only> label(std::vector<std::int64_t>{4});
+  label.set<"task">(std::string("z"));
+  CHECK_THROWS_AS(fresh.update(label), lock_error);
+  fresh.unlock_().update(label);
+  CHECK(fresh.get<"task">() == NonTensor(std::string("z")));
+  TensorDict<task_only> three_labels(std::vector<std::int64_t>{3});
+  three_labels.set<"task">(std::string("x"));
+  CHECK_THROWS_TYPED(unset.update_(three_labels), key_error, Contains("update_(\"task\"): the non-tensor field is not set here"));
+
+  // A typed buffer with non-tensor fields goes to a memmap directory and back.
+  temporary_dir out("typed_non_tensor_memmap");
+  save_memmap(stacked, out / "stacked");
+  const TensorDict<step> loaded = load_memmap<step>(out / "stacked");
+  CHECK(loaded.get<"task">() == stacked.get<"task">());
+  CHECK(loaded.get<"next", "name">() == stacked.get<"next", "name">());
+  CHECK(at::equal(loaded.get<"next", "obs">(), stacked.get<"next", "obs">()));
 }

@@ -48,6 +48,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "detail/format.hpp"
+#include "detail/non_tensor_ops.hpp"
 #include "detail/tensordict_ops.hpp"
 #include "errors.hpp"
 #include "non_tensor.hpp"
@@ -257,7 +258,13 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   template <schema_type S>
   AnyTensorDict(const TensorDict<S>& typed) : AnyTensorDict(typed.batch_size(), typed.device()) {
     for (const auto& [path, tensor] : typed.items()) insert_leaf(any_key_path(path.begin(), path.end()), tensor);
-    // Nested levels keep dims of their own (a level without a set leaf is not kept).
+    for (std::size_t i = 0; i < S::non_tensor_count; ++i)
+      if (const auto& v = typed.non_tensor_at(i)) {
+        const key_path kp = non_tensor_path<S>(i);
+        const any_key_path path(kp.begin(), kp.end());
+        parent_for_write(path, "AnyTensorDict").put_non_tensor(path.back(), *v);
+      }
+    // Nested levels keep dims of their own (a level without a set leaf or non-tensor entry is not kept).
     for (std::size_t k = 1; k < S::node_count; ++k)  // parents first
       if (const auto path = TensorDict<S>::node_path(k)) {
         auto at = locate(any_key_path(path->begin(), path->end()));
@@ -879,27 +886,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       auto at = locate_non_tensor(path);
       if (!at.node) throw key_error(where + "other holds non-tensor data there, this TensorDict " + (contains(path) ? "a tensor or a sub-tree" : "nothing"));
       NonTensor& mine = at.node->non_tensors[at.index];
-      const NonTensor& theirs = other.non_tensor(path);
-      const c10::IntArrayRef level = at.node->batch;
-      const std::int64_t n = c10::multiply_integers(level);
-      at::Tensor positions;
-      try {
-        positions = at::arange(n, at::kLong).view(level);
-        if (!batch.empty()) positions = positions.index(batch).contiguous();  // libtorch refuses an empty index list
-      } catch (const c10::Error& e) {
-        throw index_error(where + "the index does not fit batch_size=" + format_sizes(level) + ": " + e.what_without_backtrace());
-      }
-      if (theirs.is_stack() && !positions.sizes().equals(theirs.shape()))
-        throw shape_error(where + "cannot write " + theirs.repr() + " at the index, which selects " + format_sizes(positions.sizes()) +
-                          " elements");
-      if (!mine.is_stack() && !theirs.is_stack() && mine.value() == theirs.value()) continue;
-      std::vector<non_tensor_value> values = mine.per_element(n);
-      const std::int64_t* p = positions.data_ptr<std::int64_t>();
-      for (std::int64_t i = 0; i < positions.numel(); ++i)
-        values[static_cast<std::size_t>(p[i])] = theirs.is_stack() ? theirs.values()[static_cast<std::size_t>(i)] : theirs.value();
-      const bool one_value = std::all_of(values.begin(), values.end(), [&](const non_tensor_value& v) { return v == values.front(); });
-      if (level.empty() || (one_value && !mine.is_stack())) out.emplace_back(&mine, NonTensor(std::move(values.front())));
-      else out.emplace_back(&mine, NonTensor::stack(std::move(values), level.vec()));
+      if (auto written = detail::non_tensor_written_at(mine, other.non_tensor(path), at.node->batch, batch, where))
+        out.emplace_back(&mine, std::move(*written));
     }
     return out;
   }
@@ -1131,7 +1119,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // (as in Python). Leaves are moved to `device` and checked against their level.
   // rearrange: how the verb moves the batch dims (index, reshape, ...), which
   // NonTensorStacks follow (non_tensor.hpp); without it they must keep their shape.
-  using rearrangement = std::function<at::Tensor(const at::Tensor&)>;
+  using rearrangement = detail::rearrangement;
   template <class F>
   AnyTensorDict mapped(F&& f, c10::IntArrayRef batch, std::optional<at::Device> device, detail::nested_batch rule,
                        const char* op, const rearrangement* rearrange = nullptr) const {
@@ -1147,32 +1135,6 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     const rearrangement positions = [&](const at::Tensor& t) { return at::Tensor(f(t)); };
     return mapped([&](const any_key_path&, const at::Tensor& t) { return f(t); }, batch, device(), detail::nested_batch::follow,
                   "TensorDict.apply", &positions);
-  }
-  // A NonTensorStack at `path` of a level going from batch `from` to `to`:
-  // its values follow `rearrange` when given (applied to each value's
-  // position); without it the batch size must stay. One element left is a NonTensorData.
-  // (`device`: where the level's leaves are, which the verb's index tensors suit.)
-  static NonTensor carried(const NonTensor& v, c10::IntArrayRef from, c10::IntArrayRef to, const rearrangement* rearrange,
-                           const any_key_path& path, const char* op, at::Device device) {
-    if (!v.is_stack()) return v;
-    if (!rearrange) {
-      if (from.equals(to)) return v;
-      throw value_error(std::string(op) + ": " + to_string(path) + " holds one value per batch element (" + v.repr() +
-                        "), which cannot follow the batch size from " + format_sizes(from) + " to " + format_sizes(to) +
-                        "; exclude it first (td.exclude({" + to_string(path) + "}))");
-    }
-    const std::int64_t n = static_cast<std::int64_t>(v.values().size());
-    const at::Tensor positions = (*rearrange)(at::arange(n, at::TensorOptions(at::kLong).device(device)).view(from));
-    if (!positions.defined() || !positions.sizes().equals(to))
-      throw shape_error(std::string(op) + ": the positions of " + to_string(path) + "'s values came out " +
-                        (positions.defined() ? describe(positions) : std::string("undefined")) + ", not of the shape " + format_sizes(to));
-    const at::Tensor flat = positions.to(at::kCPU).contiguous();
-    const std::int64_t* p = flat.data_ptr<std::int64_t>();
-    std::vector<non_tensor_value> values;
-    values.reserve(static_cast<std::size_t>(flat.numel()));
-    for (std::int64_t i = 0; i < flat.numel(); ++i) values.push_back(v.values()[static_cast<std::size_t>(p[i])]);
-    if (to.empty()) return NonTensor(std::move(values.front()));
-    return NonTensor::stack(std::move(values), to.vec());
   }
   template <class F>
   AnyTensorDict map_leaves(F&& f, c10::IntArrayRef batch, detail::nested_batch rule) const {
@@ -1211,7 +1173,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     for (std::size_t i = 0; i < from.non_tensors.size(); ++i) {
       path.push_back(from.non_tensor_names[i]);
       node->non_tensor_names.push_back(from.non_tensor_names[i]);
-      node->non_tensors.push_back(carried(from.non_tensors[i], from.batch, batch, rearrange, path, op, leaves_device));
+      node->non_tensors.push_back(detail::carried(from.non_tensors[i], from.batch, batch, rearrange, to_string(path), op, leaves_device));
       path.pop_back();
     }
     return node;
@@ -1274,13 +1236,17 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   TensorDict<S> typed_from(const TensorDict<S>* like, to_typed_options options) const {
     std::string problems;
     auto problem = [&](std::string text) { problems += "\n  " + text; };
+    // The index of `path` among count key paths path_at(i), or npos.
+    auto index_in = [](auto path_at, std::size_t count, const any_key_path& path) {
+      for (std::size_t i = 0; i < count; ++i) {
+        const key_path p = path_at(i);
+        if (p.size() == path.size() && std::equal(p.begin(), p.end(), path.begin())) return i;
+      }
+      return npos;
+    };
     std::array<at::Tensor, S::leaf_count> leaves;
     for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      std::size_t found = npos;
-      for (std::size_t i = 0; i < S::leaf_count && found == npos; ++i) {
-        const key_path lp = leaf_path<S>(i);
-        if (lp.size() == path.size() && std::equal(lp.begin(), lp.end(), path.begin())) found = i;
-      }
+      const std::size_t found = index_in(leaf_path<S>, S::leaf_count, path);
       if (found == npos) return problem(to_string(path) + ": not a leaf of the schema (" + describe(t) + ")");
       if (like) {
         const at::Tensor& expected = like->leaf(found);
@@ -1293,9 +1259,17 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       }
       leaves[found] = t;
     });
-    for (const any_key_path& path : non_tensor_keys())
-      problem(to_string(path) + ": non-tensor data (" + non_tensor(path).repr() +
-              "), which a typed TensorDict does not hold; exclude it first");
+    std::array<std::optional<NonTensor>, S::non_tensor_count> non_tensors;
+    for (const any_key_path& path : non_tensor_keys()) {
+      const NonTensor& v = non_tensor(path);
+      const std::size_t found = index_in(non_tensor_path<S>, S::non_tensor_count, path);
+      if (found == npos)
+        problem(to_string(path) + ": non-tensor data (" + v.repr() + "), which the schema has no non_tensor<...> field for");
+      else if (like && !like->non_tensor_at(found))
+        problem(to_string(path) + ": unset in the reference, but given " + v.repr());
+      else
+        non_tensors[found] = v;
+    }
     // The batch size of each nested level of S: the level here, or its parent's where there is none.
     constexpr auto& parents = detail::node_parents_of<S>::value;
     std::vector<std::vector<std::int64_t>> batches(S::node_count, batch_size().vec());
@@ -1313,15 +1287,22 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       for (std::size_t i = 0; i < S::leaf_count; ++i)
         if (like->leaf(i).defined() && !leaves[i].defined() && !contains_path(leaf_path<S>(i)))
           problem(to_string(leaf_path<S>(i)) + ": missing (expected " + describe(like->leaf(i)) + ")");
+      for (std::size_t i = 0; i < S::non_tensor_count; ++i)
+        if (like->non_tensor_at(i) && !non_tensors[i] && !contains_path(non_tensor_path<S>(i)))
+          problem(to_string(non_tensor_path<S>(i)) + ": missing (expected " + like->non_tensor_at(i)->repr() + ")");
     } else if (!options.allow_missing) {
       for (std::size_t i = 0; i < S::leaf_count; ++i)
         if (!leaves[i].defined() && !contains_path(leaf_path<S>(i)))
           problem(to_string(leaf_path<S>(i)) + ": missing (to_typed<S>({.allow_missing = true}) leaves it unset)");
+      for (std::size_t i = 0; i < S::non_tensor_count; ++i)
+        if (!non_tensors[i] && !contains_path(non_tensor_path<S>(i)))
+          problem(to_string(non_tensor_path<S>(i)) + ": missing (to_typed<S>({.allow_missing = true}) leaves it unset)");
     }
     if (!problems.empty())
       throw key_error("AnyTensorDict.to_typed: the TensorDict does not match the schema:" + problems);
     TensorDict<S> out(std::move(leaves), batch_size(), device());
     out.st_->batches = std::move(batches);
+    std::move(non_tensors.begin(), non_tensors.end(), out.st_->non_tensors.begin());
     if (is_locked()) out.lock_();
     return out;
   }
@@ -1375,32 +1356,6 @@ inline AnyTensorDict unflatten_if_flat(const AnyTensorDict& td) {
   return flat && dotted ? td.unflatten_keys(".") : td;
 }
 
-// Non-tensor entries of several TensorDicts (views, whose batch sizes they
-// have) joined as their leaves would be by join(path, parts): NonTensorData
-// of one value stay one (tensordict 0.4's stack); otherwise each value's
-// position is joined, giving a NonTensorStack.
-template <class Join>
-NonTensor joined_non_tensor(const std::vector<NonTensor>& entries, const std::vector<AnyTensorDict>& views, c10::IntArrayRef batch,
-                            const any_key_path& path, Join& join) {
-  const bool one_value = std::all_of(entries.begin(), entries.end(), [&](const NonTensor& e) {
-    return !e.is_stack() && e.value() == entries.front().value();
-  });
-  if (one_value) return entries.front();
-  std::vector<non_tensor_value> values;
-  std::vector<at::Tensor> positions;
-  for (std::size_t k = 0; k < entries.size(); ++k) {
-    const std::int64_t start = static_cast<std::int64_t>(values.size());
-    const auto mine = entries[k].per_element(views[k].numel());
-    values.insert(values.end(), mine.begin(), mine.end());
-    positions.push_back(at::arange(start, static_cast<std::int64_t>(values.size()), at::kLong).view(views[k].batch_size()));
-  }
-  const at::Tensor joined = at::Tensor(join(path, positions)).contiguous();
-  std::vector<non_tensor_value> out;
-  out.reserve(static_cast<std::size_t>(joined.numel()));
-  for (std::int64_t i = 0; i < joined.numel(); ++i) out.push_back(values[static_cast<std::size_t>(joined.data_ptr<std::int64_t>()[i])]);
-  return NonTensor::stack(std::move(out), batch.vec());
-}
-
 // The leaves of several TensorDicts with the same keys, joined by join(path,
 // parts), level by level: batch_of(the TensorDicts' views of a level, its
 // path) gives the joined level's batch size (nested levels keep dims of their own).
@@ -1439,7 +1394,10 @@ AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op,
                           std::to_string(k));
         entries.push_back(views[k].non_tensor(name));
       }
-      out.set_non_tensor(name, joined_non_tensor(entries, views, out.batch_size(), path, join));
+      std::vector<c10::IntArrayRef> batches;
+      for (const AnyTensorDict& v : views) batches.push_back(v.batch_size());
+      out.set_non_tensor(name, detail::joined_non_tensor(entries, batches, out.batch_size(),
+                                                         [&](const std::vector<at::Tensor>& positions) { return join(path, positions); }));
       path.pop_back();
     }
     for (std::size_t k = 1; k < views.size(); ++k)  // every key of TensorDict 0 is there: an extra one?

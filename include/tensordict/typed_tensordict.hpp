@@ -12,6 +12,12 @@
 // and may add dims (as Python's nested TensorDicts). A leaf may be unset (an
 // undefined tensor): it is then absent from keys(), items(), printing and
 // every operation, as a missing key is in Python.
+//
+// Non-tensor fields (schema<..., non_tensor<"task">>: a string, a number;
+// non_tensor.hpp) live apart from the leaves: get<"task">() gives the
+// NonTensor, keys(), values() and the arithmetic see tensors only, and verbs
+// that rearrange the batch dims rearrange a NonTensorStack's values with them,
+// as AnyTensorDict does.
 #pragma once
 
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
@@ -35,9 +41,11 @@
 #include <ATen/ops/zeros.h>
 
 #include "detail/format.hpp"
+#include "detail/non_tensor_ops.hpp"
 #include "detail/tensordict_ops.hpp"
 #include "errors.hpp"
 #include "keys.hpp"
+#include "non_tensor.hpp"
 
 namespace tensordict {
 
@@ -47,9 +55,13 @@ class AnyTensorDict;
 
 namespace detail {
 
+template <class S, class Join>
+void join_non_tensors(c10::ArrayRef<TensorDict<S>> tds, TensorDict<S>& out, const char* op, Join&& join);
+
 // What a TensorDict and the views into it share.
 struct storage {
   std::vector<at::Tensor> leaves;
+  std::vector<std::optional<NonTensor>> non_tensors;  // one per non_tensor<...> field of the root schema
   // One per node of the root schema (0: the root): a nested level's batch
   // size starts with its parent's and may add dims (Python allows it).
   std::vector<std::vector<std::int64_t>> batches;
@@ -91,6 +103,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   using ops::operator!=;
   using schema_t = S;
   static constexpr std::size_t leaf_count = S::leaf_count;
+  static constexpr std::size_t non_tensor_count = S::non_tensor_count;
 
   // Every leaf unset; give them with set<...>().
   explicit TensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt)
@@ -148,10 +161,20 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   // The leaf at schema index i (leaf_index_v<S, ...>), possibly undefined.
   const at::Tensor& leaf(std::size_t i) const { return slot(i); }
   bool is_set(std::size_t i) const { return slot(i).defined(); }
+  // The non-tensor field at index i (non_tensor_index_v<S, ...>), possibly unset.
+  const std::optional<NonTensor>& non_tensor_at(std::size_t i) const { return non_tensor_slot(i); }
+
+  // Key paths of the set non-tensor fields, in schema order (keys() has the leaves').
+  std::vector<key_path> non_tensor_keys() const {
+    std::vector<key_path> out;
+    for (std::size_t i = 0; i < non_tensor_count; ++i)
+      if (non_tensor_slot(i)) out.push_back(non_tensor_path<S>(i));
+    return out;
+  }
 
   // ---- get / set ----------------------------------------------------------
 
-  // A leaf gives its tensor; a sub-tree gives a TensorDict view of it.
+  // A leaf gives its tensor; a non-tensor field its NonTensor; a sub-tree a TensorDict view of it.
   template <key... Path>
   decltype(auto) get() const {
     static_assert(sizeof...(Path) > 0, "tensordict: get<...>() needs a key path, e.g. get<\"0\", \"weight\">().");
@@ -166,9 +189,34 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
         if (!t.defined()) [[unlikely]]
           throw_unset(r::leaf_offset);
         return t;
+      } else if constexpr (std::is_same_v<typename r::type, non_tensor_leaf>) {
+        return non_tensor_entry(r::non_tensor_offset);
       } else {
-        return TensorDict<typename r::type>(st_, leaf_base_ + r::leaf_offset, node_base_ + r::node_offset);
+        return TensorDict<typename r::type>(st_, leaf_base_ + r::leaf_offset, node_base_ + r::node_offset,
+                                            non_tensor_base_ + r::non_tensor_offset);
       }
+    }
+  }
+
+  // Python's td.get_non_tensor(key) at a non_tensor<...> field: the value of a
+  // NonTensorData; value_error for a NonTensorStack (index the TensorDict
+  // down to one element first, or read get<...>().values()).
+  template <key... Path>
+  const non_tensor_value& get_non_tensor() const {
+    static_assert(sizeof...(Path) > 0, "tensordict: get_non_tensor<...>() needs a key path, e.g. get_non_tensor<\"task\">().");
+    using error = detail::path_error<S, Path...>;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+      return non_tensor_slot(0)->value();
+    } else {
+      static_assert(std::is_same_v<typename detail::resolve<S, Path...>::type, non_tensor_leaf>,
+                    "tensordict: get_non_tensor<...>() reads a non_tensor<...> field of the schema; this key path names a "
+                    "tensor or a sub-tree. Use get<...>().");
+      const NonTensor& v = non_tensor_entry(detail::resolve<S, Path...>::non_tensor_offset);
+      if (v.is_stack())
+        throw value_error("TensorDict.get_non_tensor(" + key_path_t<Path...>::describe() + "): it holds one value per batch element (" +
+                          v.repr() + "); index the TensorDict down to one element, or read get<...>().values()");
+      return v.value();
     }
   }
 
@@ -191,6 +239,12 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
         static_assert(std::is_convertible_v<Value, at::Tensor>,
                       "tensordict: set<...>(value) at a leaf takes an at::Tensor.");
         slot(r::leaf_offset) = checked_leaf(at::Tensor(std::forward<Value>(value)), r::leaf_offset, "TensorDict.set", path);
+      } else if constexpr (std::is_same_v<typename r::type, non_tensor_leaf>) {
+        static_assert(std::is_constructible_v<NonTensor, Value&&> && !std::is_convertible_v<Value, at::Tensor>,
+                      "tensordict: set<...>(value) at a non_tensor<...> field takes its data: a std::string, std::int64_t, "
+                      "double, bool, std::monostate or a NonTensor (NonTensor::stack(values, shape) for one value per element).");
+        non_tensor_slot(r::non_tensor_offset) =
+            checked_non_tensor(NonTensor(std::forward<Value>(value)), r::non_tensor_offset, "TensorDict.set", path);
       } else {
         static_assert(std::is_same_v<V, TensorDict<typename r::type>>,
                       "tensordict: set<...>(value) at a sub-tree takes a TensorDict with that sub-tree's schema "
@@ -202,6 +256,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
         std::array<at::Tensor, V::leaf_count> incoming;  // value's leaves start with its levels' batch sizes
         for (std::size_t i = 0; i < V::leaf_count; ++i) incoming[i] = on_device(value.leaf(i));
         for (std::size_t i = 0; i < V::leaf_count; ++i) slot(r::leaf_offset + i) = std::move(incoming[i]);
+        for (std::size_t i = 0; i < V::non_tensor_count; ++i) non_tensor_slot(r::non_tensor_offset + i) = value.non_tensor_slot(i);
         for (std::size_t k = 0; k < V::schema_t::node_count; ++k) st_->batches[node_base_ + r::node_offset + k] = value.node_batch(k).vec();
       }
       return *this;
@@ -219,7 +274,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     } else {
       using r = detail::resolve<S, Path...>;
       static_assert(std::is_same_v<typename r::type, tensor_leaf>,
-                    "tensordict: set_<...>(tensor) writes into a leaf; this key path names a sub-tree. Use update_(other).");
+                    "tensordict: set_<...>(tensor) writes into a leaf; this key path names a sub-tree (use update_(other)) "
+                    "or a non_tensor<...> field (use set<...>(value)).");
       const std::string path = key_path_t<Path...>::describe();
       at::Tensor& leaf = slot(r::leaf_offset);
       if (!leaf.defined()) throw key_error("TensorDict.set_(" + path + "): the leaf is not set, so there is nothing to write into; use set<...>()");
@@ -241,7 +297,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     } else {
       using r = detail::resolve<S, Path...>;
       static_assert(std::is_same_v<typename r::type, tensor_leaf>,
-                    "tensordict: set_at_<...>(tensor, index) writes into a leaf; this key path names a sub-tree. Use update_at_(other, index).");
+                    "tensordict: set_at_<...>(tensor, index) writes into a leaf; this key path names a sub-tree (use "
+                    "update_at_(other, index)) or a non_tensor<...> field.");
       if (!slot(r::leaf_offset).defined()) throw_unset(r::leaf_offset);
       std::vector<typename ops::pending_write> writes{{slot(r::leaf_offset), value}};
       this->write_at(writes, indices, "set_at_", [](std::size_t) { return path_of(r::leaf_offset); });
@@ -255,7 +312,9 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   // Python's td.update_at_(other, index): other's set leaves written into
   // this TensorDict's at `indices`. other's schema must be a part of this
   // one's (a compile error names the first key that is not), so a sub-schema
-  // writes a part of each row; its leaves must be set here.
+  // writes a part of each row; its leaves must be set here. Its non-tensor
+  // fields are written at the same positions (a NonTensorData given another
+  // value there becomes a NonTensorStack).
   template <schema_type P>
   TensorDict& update_at_(const TensorDict<P>& other, c10::ArrayRef<at::indexing::TensorIndex> indices) {
     using error = typename detail::embedding<P, S>::error;
@@ -273,7 +332,9 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
         written[writes.size()] = where[i];
         writes.push_back({slot(where[i]), other.leaf(i)});
       }
+      auto entries = non_tensors_written_at(other, indices, "update_at_");
       this->write_at(writes, indices, "update_at_", [&](std::size_t k) { return path_of(written[k]); });
+      for (auto& [i, v] : entries) non_tensor_slot(i) = std::move(v);  // cannot throw
     }
     return *this;
   }
@@ -316,8 +377,9 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     } else {
       TensorDict<typename detail::rename_impl<S, Old, New>::type> out(batch_size(), device());
       out.st_->names = stored_names_padded();
-      out.st_->batches = node_batches();  // renaming keeps the order of leaves and nodes
+      out.st_->batches = node_batches();  // renaming keeps the order of leaves, non-tensor fields and nodes
       for (std::size_t i = 0; i < leaf_count; ++i) out.slot(i) = slot(i);
+      for (std::size_t i = 0; i < non_tensor_count; ++i) out.non_tensor_slot(i) = non_tensor_slot(i);
       return out;
     }
   }
@@ -332,14 +394,24 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
       compile_error::report<error>();
     } else {
       constexpr auto& where = detail::embedding<P, S>::leaves;
+      constexpr auto& where_non_tensor = detail::embedding<P, S>::non_tensors;
       std::array<at::Tensor, P::leaf_count> incoming;
       for (std::size_t i = 0; i < P::leaf_count; ++i) {
         if (!other.leaf(i).defined()) continue;
         check_unlocked(leaf_paths_v<S>[where[i]].parent_node, path_of(where[i]));
         incoming[i] = checked_leaf(other.leaf(i), where[i], "TensorDict.update");
       }
+      std::array<std::optional<NonTensor>, P::non_tensor_count> incoming_non_tensors;
+      for (std::size_t i = 0; i < P::non_tensor_count; ++i) {
+        if (!other.non_tensor_slot(i)) continue;
+        const std::string path = to_string(non_tensor_path<S>(where_non_tensor[i]));
+        check_unlocked(non_tensor_paths_v<S>[where_non_tensor[i]].parent_node, path);
+        incoming_non_tensors[i] = checked_non_tensor(*other.non_tensor_slot(i), where_non_tensor[i], "TensorDict.update", path);
+      }
       for (std::size_t i = 0; i < P::leaf_count; ++i)
         if (incoming[i].defined()) slot(where[i]) = std::move(incoming[i]);
+      for (std::size_t i = 0; i < P::non_tensor_count; ++i)
+        if (incoming_non_tensors[i]) non_tensor_slot(where_non_tensor[i]) = std::move(incoming_non_tensors[i]);
     }
     return *this;
   }
@@ -358,8 +430,10 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
           throw key_error("TensorDict.update_: the leaf " + path_of(where[i]) + " is not set here, so there is nothing to write into");
         detail::check_copy(slot(where[i]), other.leaf(i), "TensorDict.update_", path_of(where[i]));
       }
+      auto entries = non_tensors_written_at(other, {}, "update_");
       for (std::size_t i = 0; i < P::leaf_count; ++i)
         if (other.leaf(i).defined()) slot(where[i]).copy_(other.leaf(i));
+      for (auto& [i, v] : entries) non_tensor_slot(i) = std::move(v);
     }
     return *this;
   }
@@ -402,6 +476,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     for_each_set_leaf([&](std::size_t i, const at::Tensor& t) {
       out.slot(i) = out.checked_leaf(f(t, others.slot(i)...), i, "TensorDict.apply");
     });
+    for (std::size_t i = 0; i < non_tensor_count; ++i) out.non_tensor_slot(i) = non_tensor_slot(i);
     return out;
   }
 
@@ -429,6 +504,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   TensorDict<flatten_t<S, Separator>> flatten_keys() const {
     TensorDict<flatten_t<S, Separator>> out(batch_size(), device());
     for (std::size_t i = 0; i < leaf_count; ++i) out.slot(i) = slot(i);
+    for (std::size_t i = 0; i < non_tensor_count; ++i) out.non_tensor_slot(i) = non_tensor_slot(i);
     return out;
   }
 
@@ -436,8 +512,10 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   template <key Separator = ".">
   TensorDict<unflatten_t<S, Separator>> unflatten_keys() const {
     constexpr auto& order = unflatten_order_v<S, Separator>;
+    constexpr auto& non_tensor_order = unflatten_non_tensor_order_v<S, Separator>;
     TensorDict<unflatten_t<S, Separator>> out(batch_size(), device());
     for (std::size_t i = 0; i < leaf_count; ++i) out.slot(i) = slot(order[i]);
+    for (std::size_t i = 0; i < non_tensor_count; ++i) out.non_tensor_slot(i) = non_tensor_slot(non_tensor_order[i]);
     return out;
   }
 
@@ -464,7 +542,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     std::string out = "TensorDict(batch_size=" + format_sizes(batch_size());
     if (device()) out += ", device=" + device()->str();
     out += ", fields={";
-    print_level<S>(out, 0, 0, style == print_style::multiline);
+    print_level<S>(out, 0, 0, 0, style == print_style::multiline);
     return out + "})";
   }
 
@@ -478,20 +556,30 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   friend TensorDict<T> stack(c10::ArrayRef<TensorDict<T>>, std::int64_t);
   template <schema_type T>
   friend TensorDict<T> cat(c10::ArrayRef<TensorDict<T>>, std::int64_t);
+  template <class T, class Join>
+  friend void detail::join_non_tensors(c10::ArrayRef<TensorDict<T>>, TensorDict<T>&, const char*, Join&&);
 
-  TensorDict(std::shared_ptr<detail::storage> st, std::size_t leaf_base, std::size_t node_base)
-      : st_(std::move(st)), leaf_base_(leaf_base), node_base_(node_base) {}
+  TensorDict(std::shared_ptr<detail::storage> st, std::size_t leaf_base, std::size_t node_base, std::size_t non_tensor_base)
+      : st_(std::move(st)), leaf_base_(leaf_base), node_base_(node_base), non_tensor_base_(non_tensor_base) {}
 
   static std::shared_ptr<detail::storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device) {
     auto st = std::make_shared<detail::storage>();
     st->batches.assign(S::node_count, std::vector<std::int64_t>(batch_size.begin(), batch_size.end()));
     st->device = device;
     st->locked.assign(S::node_count, 0);
+    st->non_tensors.resize(S::non_tensor_count);
     st->node_parents = detail::node_parents_of<S>::value.data();
     return st;
   }
 
   at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
+  std::optional<NonTensor>& non_tensor_slot(std::size_t i) const { return st_->non_tensors[non_tensor_base_ + i]; }
+  const NonTensor& non_tensor_entry(std::size_t i) const {
+    const std::optional<NonTensor>& v = non_tensor_slot(i);
+    if (!v) [[unlikely]]
+      throw key_error("TensorDict.get: the non-tensor field " + to_string(non_tensor_path<S>(i)) + " is not set");
+    return *v;
+  }
   batch_names& stored_names() const { return st_->names; }
   std::size_t named_dims() const { return st_->batches[0].size(); }
   // The names for a new root with this level's batch size (a nested level's own dims have none).
@@ -518,14 +606,42 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     }
     return out;
   }
-  // f(leaf) at every set leaf, into a TensorDict of batch size `batch` whose nested levels follow `rule`.
+  // f(leaf) at every set leaf, into a TensorDict of batch size `batch` whose
+  // nested levels follow `rule`. Non-tensor fields come along: a
+  // NonTensorStack's values follow `rearrange` (how the verb moves the batch
+  // dims) when given; without it its level's batch size must stay.
   template <class F>
-  TensorDict mapped(F& f, c10::IntArrayRef batch, std::optional<at::Device> device, detail::nested_batch rule, const char* op) const {
+  TensorDict mapped(F& f, c10::IntArrayRef batch, std::optional<at::Device> device, detail::nested_batch rule, const char* op,
+                    const detail::rearrangement* rearrange = nullptr) const {
     TensorDict out(batch, device);
     if (batch.equals(batch_size())) out.st_->names = stored_names_padded();
     out.st_->batches = mapped_batches(batch, rule, op);
     for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { out.slot(i) = out.checked_leaf(f(t), i, op); });
+    if constexpr (non_tensor_count > 0) {
+      const at::Device positions_device = device ? *device : leaves_device();
+      for (std::size_t i = 0; i < non_tensor_count; ++i)
+        if (const auto& v = non_tensor_slot(i)) {
+          const std::size_t level = non_tensor_paths_v<S>[i].parent_node;
+          out.non_tensor_slot(i) = detail::carried(*v, node_batch(level), out.node_batch(level), rearrange,
+                                                   to_string(non_tensor_path<S>(i)), op, positions_device);
+        }
+    }
     return out;
+  }
+  // tensordict_ops' verbs that move the batch dims: f applies to leaves and to NonTensorStacks' positions.
+  template <class F>
+  TensorDict rearranged_entries(F& f, c10::IntArrayRef batch) const {
+    if constexpr (non_tensor_count == 0) {
+      return mapped(f, batch, device(), detail::nested_batch::follow, "TensorDict.apply");
+    } else {
+      const detail::rearrangement positions = [&](const at::Tensor& t) { return at::Tensor(f(t)); };
+      return mapped(f, batch, device(), detail::nested_batch::follow, "TensorDict.apply", &positions);
+    }
+  }
+  at::Device leaves_device() const {
+    for (std::size_t i = 0; i < leaf_count; ++i)
+      if (slot(i).defined()) return slot(i).device();
+    return at::kCPU;
   }
   template <class F>
   TensorDict map_leaves(F&& f, c10::IntArrayRef batch, detail::nested_batch rule) const {
@@ -545,6 +661,12 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     if (out.batch_size().equals(batch_size())) out.st_->names = stored_names_padded();
     out.st_->batches = std::move(batches);
     for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { out.slot(i) = t; });
+    for (std::size_t i = 0; i < non_tensor_count; ++i)
+      if (const auto& v = non_tensor_slot(i)) {
+        const std::size_t level = non_tensor_paths_v<S>[i].parent_node;
+        out.non_tensor_slot(i) = detail::carried(*v, node_batch(level), out.node_batch(level), nullptr,
+                                                 to_string(non_tensor_path<S>(i)), "TensorDict.auto_batch_size_", at::kCPU);
+      }
     return out;
   }
 
@@ -574,12 +696,13 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     TensorDict<T> out(batch_size(), device());
     out.st_->names = stored_names_padded();
     for (std::size_t i = 0; i < T::leaf_count; ++i) out.slot(i) = slot(Map::leaves[i]);
+    for (std::size_t i = 0; i < T::non_tensor_count; ++i) out.non_tensor_slot(i) = non_tensor_slot(Map::non_tensors[i]);
     // Each nested field keeps its levels' batch sizes (a field's nodes are contiguous in both schemas).
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
             using child = typename T::template field_at<I>::type;
-            if constexpr (!std::is_same_v<child, tensor_leaf>) {
+            if constexpr (detail::is_schema<child>::value) {
               constexpr std::size_t from = S::node_offsets[S::find(T::names[I])];
               for (std::size_t k = 0; k < child::node_count; ++k)
                 out.st_->batches[T::node_offsets[I] + k] = node_batch(from + k).vec();
@@ -620,6 +743,40 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     return t;
   }
 
+  // A NonTensorStack about to be stored at non-tensor index i has its level's batch size as its shape.
+  NonTensor checked_non_tensor(NonTensor v, std::size_t i, const char* op, const std::string& path) const {
+    const c10::IntArrayRef batch = node_batch(non_tensor_paths_v<S>[i].parent_node);
+    if (v.is_stack() && !batch.equals(v.shape()))
+      throw shape_error(std::string(op) + "(" + path + "): " + v.repr() + " has one value per element of " +
+                        format_sizes(v.shape()) + ", but the level that holds it has batch_size=" + format_sizes(batch));
+    return v;
+  }
+
+  // For update_at_ and update_: each of other's set non-tensor fields written
+  // at `indices` into the one here, as (index here, new entry) to put in
+  // place once every write is checked.
+  template <schema_type P>
+  std::vector<std::pair<std::size_t, NonTensor>> non_tensors_written_at(const TensorDict<P>& other,
+                                                                        c10::ArrayRef<at::indexing::TensorIndex> indices,
+                                                                        const char* op) const {
+    std::vector<std::pair<std::size_t, NonTensor>> out;
+    if constexpr (P::non_tensor_count > 0) {
+      constexpr auto& where = detail::embedding<P, S>::non_tensors;
+      const auto batch = detail::batch_indices(indices, batch_dims());
+      for (std::size_t i = 0; i < P::non_tensor_count; ++i) {
+        if (!other.non_tensor_slot(i)) continue;
+        const std::string path = to_string(non_tensor_path<S>(where[i]));
+        const std::string at = std::string("TensorDict.") + op + "(" + path + "): ";
+        const std::optional<NonTensor>& mine = non_tensor_slot(where[i]);
+        if (!mine) throw key_error(at + "the non-tensor field is not set here, so there is nothing to write into");
+        if (auto written = detail::non_tensor_written_at(*mine, *other.non_tensor_slot(i),
+                                                         node_batch(non_tensor_paths_v<S>[where[i]].parent_node), batch, at))
+          out.emplace_back(where[i], std::move(*written));
+      }
+    }
+    return out;
+  }
+
   void check_unlocked(std::size_t parent_node, const std::string& path) const {
     if (st_->locked[node_base_ + parent_node])
       throw lock_error("TensorDict.set(" + path +
@@ -638,19 +795,21 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
         throw key_error(std::string("TensorDict ") + op + ": the leaf " + path_of(i) + " is set on one side only");
       if (a.defined()) out.slot(i) = f(a, b);
     }
+    for (std::size_t i = 0; i < non_tensor_count; ++i) out.non_tensor_slot(i) = non_tensor_slot(i);
     return out;
   }
 
-  // Prints the fields of sub-schema T (whose leaves start at `base`), keys sorted as Python sorts them.
+  // Prints the fields of sub-schema T (whose leaves start at `base`, its
+  // non-tensor fields at `nt_base`), keys sorted as Python sorts them.
   template <class T>
-  void print_level(std::string& out, std::size_t base, std::size_t node, bool multiline) const {
+  void print_level(std::string& out, std::size_t base, std::size_t nt_base, std::size_t node, bool multiline) const {
     std::array<std::size_t, T::field_count> order{};
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [](std::size_t a, std::size_t b) { return T::names[a] < T::names[b]; });
     bool first = true;
     for (std::size_t i : order) {
       std::string field;
-      if (!print_field<T>(field, i, base, node)) continue;
+      if (!print_field<T>(field, i, base, nt_base, node)) continue;
       if (!first) out += multiline ? "," : ", ";
       if (multiline) out += "\n    ";
       out += T::names[i];
@@ -660,13 +819,13 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     }
   }
 
-  // One field of T; false when it is an unset leaf.
+  // One field of T; false when it is an unset leaf or non-tensor field.
   template <class T>
-  bool print_field(std::string& out, std::size_t field, std::size_t base, std::size_t node) const {
+  bool print_field(std::string& out, std::size_t field, std::size_t base, std::size_t nt_base, std::size_t node) const {
     bool printed = false;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((I == field ? (printed = print_child<typename T::template field_at<I>::type>(out, base + T::leaf_offsets[I], node,
-                                                                                    node + T::node_offsets[I]))
+      ((I == field ? (printed = print_child<typename T::template field_at<I>::type>(
+                          out, base + T::leaf_offsets[I], nt_base + T::non_tensor_offsets[I], node, node + T::node_offsets[I]))
                    : false),
        ...);
     }(std::make_index_sequence<T::field_count>{});
@@ -674,15 +833,18 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   }
 
   template <class Child>
-  bool print_child(std::string& out, std::size_t base, std::size_t parent, std::size_t node) const {
+  bool print_child(std::string& out, std::size_t base, std::size_t nt_base, std::size_t parent, std::size_t node) const {
     if constexpr (std::is_same_v<Child, tensor_leaf>) {
       if (!slot(base).defined()) return false;
       out += describe(slot(base));
+    } else if constexpr (std::is_same_v<Child, non_tensor_leaf>) {
+      if (!non_tensor_slot(nt_base)) return false;
+      out += non_tensor_slot(nt_base)->repr();
     } else {
       out += '{';
       // A level with dims of its own beyond its parent's shows its batch size.
       if (!node_batch(node).equals(node_batch(parent))) out += "batch_size=" + format_sizes(node_batch(node)) + ", ";
-      print_level<Child>(out, base, node, false);
+      print_level<Child>(out, base, nt_base, node, false);
       out += '}';
     }
     return true;
@@ -691,6 +853,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   std::shared_ptr<detail::storage> st_;
   std::size_t leaf_base_ = 0;
   std::size_t node_base_ = 0;
+  std::size_t non_tensor_base_ = 0;
 };
 
 // Stacks TensorDicts of one schema along a new batch dim (0 by default).
@@ -734,6 +897,7 @@ TensorDict<S> stack(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
     for (std::size_t k = 0; k < tds.size(); ++k) parts[k] = tds[k].leaf(i);
     out.slot(i) = at::stack(parts, dim);
   }
+  detail::join_non_tensors(tds, out, "tensordict::stack", [&](const std::vector<at::Tensor>& positions) { return at::stack(positions, dim); });
   return out;
 }
 
@@ -760,6 +924,27 @@ std::vector<std::int64_t> cat_batch_size(const TDs& tds, std::int64_t& dim) {
     batch[dim] += b[dim];
   }
   return batch;
+}
+
+// The non-tensor fields of tds joined into out (stack, cat) as their positions by join(positions);
+// a field set in one must be set in all.
+template <class S, class Join>
+void join_non_tensors(c10::ArrayRef<TensorDict<S>> tds, TensorDict<S>& out, const char* op, Join&& join) {
+  for (std::size_t i = 0; i < S::non_tensor_count; ++i) {
+    const std::size_t level = non_tensor_paths_v<S>[i].parent_node;
+    std::vector<NonTensor> entries;
+    std::vector<c10::IntArrayRef> batches;
+    for (std::size_t k = 0; k < tds.size(); ++k) {
+      const std::optional<NonTensor>& v = tds[k].non_tensor_slot(i);
+      if (v.has_value() != tds[0].non_tensor_slot(i).has_value())
+        throw key_error(std::string(op) + ": the non-tensor field " + to_string(non_tensor_path<S>(i)) + " is set in TensorDict " +
+                        std::to_string(v ? k : 0) + " but not in TensorDict " + std::to_string(v ? 0 : k));
+      if (!v) continue;
+      entries.push_back(*v);
+      batches.push_back(tds[k].node_batch(level));
+    }
+    if (!entries.empty()) out.non_tensor_slot(i) = joined_non_tensor(entries, batches, out.node_batch(level), join);
+  }
 }
 
 // One leaf's parts, concatenated along batch dim `dim` (only that dim may differ).
@@ -803,6 +988,7 @@ TensorDict<S> cat(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
     }
     if (parts[0].defined()) out.slot(i) = detail::cat_leaf(parts, dim, to_string(leaf_path<S>(i)));
   }
+  detail::join_non_tensors(tds, out, "tensordict::cat", [&](const std::vector<at::Tensor>& positions) { return at::cat(positions, dim); });
   return out;
 }
 template <schema_type S>
