@@ -468,33 +468,29 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // Moves the entry at `from` (a leaf or a sub-tree) to `to`, creating sub-trees
   // on the way. An existing `to` is replaced unless safe is true (then key_error).
   AnyTensorDict& rename_key_(c10::ArrayRef<std::string> from, c10::ArrayRef<std::string> to, bool safe = false) {
-    if (auto nt = locate_non_tensor(from); nt.node) {
-      check_unlocked(*nt.node, from, "AnyTensorDict.rename_key_");
-      if (from.equals(to)) return *this;
-      if (safe && contains(to))
-        throw key_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): the new key exists (safe=true)");
+    const std::string where = "AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): ";
+    const location nt = locate_non_tensor(from);
+    const location at = nt.node ? nt : resolve(from, "AnyTensorDict.rename_key_");
+    check_unlocked(*at.node, from, "AnyTensorDict.rename_key_");
+    if (from.equals(to)) return *this;
+    if (!nt.node && to.size() > from.size() && to.slice(0, from.size()).equals(from))
+      throw key_error(where + "the new key is inside the old one");
+    if (safe && contains(to)) throw key_error(where + "the new key exists (safe=true)");
+    const auto there = batch_at(to);
+    if (nt.node) {
       NonTensor moved = nt.node->non_tensors[nt.index];
-      if (moved.is_stack() && !batch_at(to).equals(moved.shape()))
-        throw shape_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): " + moved.repr() +
-                          " does not have the batch size " + format_sizes(batch_at(to)) + " of the level that would hold it");
+      if (moved.is_stack() && !there.equals(moved.shape()))
+        throw shape_error(where + moved.repr() + " does not have the batch size " + format_sizes(there) + " of the level that would hold it");
       detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
       nt.node->erase_non_tensor(nt.index);
       target.put_non_tensor(to.back(), std::move(moved));
       return *this;
     }
-    auto at = resolve(from, "AnyTensorDict.rename_key_");
-    check_unlocked(*at.node, from, "AnyTensorDict.rename_key_");
-    if (from.equals(to)) return *this;
-    if (to.size() > from.size() && to.slice(0, from.size()).equals(from))
-      throw key_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): the new key is inside the old one");
-    if (safe && contains(to))
-      throw key_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): the new key exists (safe=true)");
     at::Tensor tensor = at.node->tensors[at.index];
     std::shared_ptr<detail::any_node> child = at.node->children[at.index];
     const auto moved = child ? c10::IntArrayRef(child->batch) : tensor.sizes();
-    if (const auto there = batch_at(to); !detail::starts_with(moved, there))
-      throw shape_error("AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): " +
-                        (child ? "the TensorDict's batch_size=" + format_sizes(moved) : "the leaf " + describe(tensor)) +
+    if (!detail::starts_with(moved, there))
+      throw shape_error(where + (child ? "the TensorDict's batch_size=" + format_sizes(moved) : "the leaf " + describe(tensor)) +
                         " does not start with the batch size " + format_sizes(there) + " of the level that would hold it");
     detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
     at.node->erase_at(at.index);

@@ -97,13 +97,18 @@ inline void load_memmap_level(AnyTensorDict& out, const std::filesystem::path& d
 }
 
 // Every key and leaf a memmap directory can hold, checked before anything is written.
+// The last key of path can name a folder or file of a memmap directory and a key of its meta.json.
+inline void check_memmap_key(const any_key_path& path) {
+  if (!memmap::usable_key(path.back()) || memmap::reserved_key(path.back()))
+    throw file_error(to_string(path) + ": a memmap directory cannot hold this key (it must be usable as a file name, and "
+                     "not \"shape\", \"device\" or \"_type\")");
+  if (!valid_utf8(path.back())) throw file_error(to_string(path) + ": the key is not valid UTF-8, which meta.json needs");
+}
+
 inline void check_memmap_savable(const AnyTensorDict& td, any_key_path& path) {
   for (const std::string& name : td.level_keys()) {
     path.push_back(name);
-    if (!memmap::usable_key(name) || memmap::reserved_key(name))
-      throw file_error(to_string(path) + ": a memmap directory cannot hold this key (it must be usable as a file name, and "
-                       "not \"shape\", \"device\" or \"_type\")");
-    if (!valid_utf8(name)) throw file_error(to_string(path) + ": the key is not valid UTF-8, which meta.json needs");
+    check_memmap_key(path);
     if (td.is_leaf({name})) {
       const at::Tensor& t = td.get({name});
       check_writable(t, path, file_dtype_of(t.scalar_type()) != nullptr, "memmap files");
@@ -114,9 +119,7 @@ inline void check_memmap_savable(const AnyTensorDict& td, any_key_path& path) {
   }
   for (const any_key_path& key : td.non_tensor_keys(false)) {
     path.push_back(key.front());
-    if (!memmap::usable_key(key.front()) || memmap::reserved_key(key.front()) || !valid_utf8(key.front()))
-      throw file_error(to_string(path) + ": a memmap directory cannot hold this key (it must be valid UTF-8, usable as a file "
-                       "name, and not \"shape\", \"device\" or \"_type\")");
+    check_memmap_key(path);
     for (const non_tensor_value& v : td.non_tensor(key).values()) {
       if (const double* d = std::get_if<double>(&v); d && !std::isfinite(*d))
         throw file_error(to_string(path) + ": the value " + repr(v) + " has no JSON form for meta.json");
