@@ -183,6 +183,15 @@ TEST_CASE("pooling, padding, resampling and local response norms fold the sets i
   check_type(N::AdaptiveMaxPool3d(2), at::randn({2, 2, 4, 5, 4}));
   check_type(N::AdaptiveAvgPool1d(3), at::randn({2, 3, 8}));
   check_type(N::AdaptiveAvgPool2d(1), at::randn({2, 3, 7, 6}));
+  check_type(N::AdaptiveAvgPool1d(1), at::randn({3, 8}));  // unbatched
+  check_type(N::AdaptiveAvgPool3d(1), at::randn({2, 2, 3, 4, 5}));
+  check_type(N::AdaptiveAvgPool2d(N::AdaptiveAvgPool2dOptions({1, c10::nullopt})), at::randn({2, 3, 7, 6}));
+  {
+    // An input libtorch's own forward refuses (1-d samples for a 2-d pooling) is refused lowered too, not summed.
+    N::AdaptiveAvgPool2d global(1);
+    auto members = three(global);
+    CHECK_THROWS(tdn::functional_vmap(global, from_modules(members), tdn::args(at::randn({4, 5}))));
+  }
   check_type(N::AdaptiveAvgPool3d(2), at::randn({2, 4, 5, 4}));
   check_type(N::LPPool1d(2, 2), at::randn({2, 3, 8}));
   check_type(N::LPPool2d(N::LPPool2dOptions(1.5, 2)), at::randn({2, 3, 6, 6}).abs() + 0.1);
