@@ -5,24 +5,29 @@
 // batched code, for a forward and a training step (forward, backward, SGD),
 // at 1 and 2 intra-op threads (one BLAS thread each). Prints a table and, per
 // config, mode and threads, one line of ratios measured in this run, with the
-// lowered path's GFLOP/s beside at::mm 512x512's on one core and on all.
+// lowered path's GFLOP/s beside at::mm 512x512's on one core and on all, and
+// the ATen ops one lowered call dispatches (forward; training step: forward,
+// backward and SGD) with the microseconds per op that its time makes.
 //   build/bench/bench_ensemble [seconds per variant] [most threads, default 2]
 // SETS_PER_TASK=n in the environment sets functional_vmap's sets_per_task;
 // ONLY=text runs the configs whose name contains text (ONLY=cnn).
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -106,7 +111,27 @@ struct row {
   int threads;
   double flops;  // per call
   std::array<double, n_variants> seconds;
+  std::int64_t lowered_ops = 0;  // per call
 };
+
+// The ATen ops one call of f dispatches on any thread, counting those an op calls
+// itself as part of it (convolution's mkldnn_convolution); a backward's ops count.
+std::atomic<std::int64_t> ops_seen{0};
+thread_local int op_depth = 0;
+std::int64_t ops_of(const std::function<void()>& f) {
+  ops_seen = 0;
+  const auto handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+            if (op_depth++ == 0) ++ops_seen;
+            return nullptr;
+          },
+          [](const at::RecordFunction&, at::ObserverContext*) { --op_depth; })
+          .scopes({at::RecordScope::FUNCTION}));
+  f();
+  at::removeCallback(handle);
+  return ops_seen;
+}
 
 // Times the variants (an empty one is not run) in rounds that interleave
 // them, so that drift of the machine hits them alike; the median round counts.
@@ -176,7 +201,7 @@ void time_config(const char* name, int threads, const std::array<double, 2>& flo
     std::array<std::function<void()>, n_variants> steps;
     for (std::size_t v = 0; v < n_variants; ++v)
       if (forwards[v]) steps[v] = step(forwards[v], train, target, v == loop ? own : stacked);
-    rows.push_back({name, train ? "train" : "fwd", threads, flops[train], time_variants(steps, budget)});
+    rows.push_back({name, train ? "train" : "fwd", threads, flops[train], time_variants(steps, budget), ops_of(steps[lowered])});
   }
 }
 
@@ -355,10 +380,11 @@ int main(int argc, char** argv) {
     const auto key = std::make_pair(r.config, r.mode);
     std::printf(
         "ensemble %s %s threads=%d lowered/handwritten=%s loop/lowered=%s vmap/lowered=%s slices/lowered=%s "
-        "speedup_%dt=%s gflops=%.1f peak_1t=%.1f peak_%dt=%.1f\n",
+        "speedup_%dt=%s gflops=%.1f peak_1t=%.1f peak_%dt=%.1f ops=%lld us_per_op=%.2f\n",
         r.config.c_str(), r.mode.c_str(), r.threads, ratio(t[lowered] / t[hand]).c_str(), ratio(t[loop] / t[lowered]).c_str(),
         ratio(t[vmapped] / t[lowered]).c_str(), ratio(t[slices] / t[lowered]).c_str(), most_threads,
-        ratio(lowered_1t[key] / lowered_most[key]).c_str(), r.flops / t[lowered] / 1e9, peak_1t, most_threads, peak_all);
+        ratio(lowered_1t[key] / lowered_most[key]).c_str(), r.flops / t[lowered] / 1e9, peak_1t, most_threads, peak_all,
+        static_cast<long long>(r.lowered_ops), t[lowered] * 1e6 / static_cast<double>(std::max<std::int64_t>(1, r.lowered_ops)));
   }
   return 0;
 }
