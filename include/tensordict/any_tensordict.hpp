@@ -1160,12 +1160,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       }
       path.pop_back();
     }
-    at::Device leaves_device = at::kCPU;
-    for (const at::Tensor& t : from.tensors)
-      if (t.defined()) {
-        leaves_device = t.device();
-        break;
-      }
+    const at::Device leaves_device = detail::leaves_device(from.tensors);
     for (std::size_t i = 0; i < from.non_tensors.size(); ++i) {
       path.push_back(from.non_tensor_names[i]);
       node->non_tensor_names.push_back(from.non_tensor_names[i]);

@@ -618,7 +618,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     out.st_->batches = mapped_batches(batch, rule, op);
     for_each_set_leaf([&](std::size_t i, const at::Tensor& t) { out.slot(i) = out.checked_leaf(f(t), i, op); });
     if constexpr (non_tensor_count > 0) {
-      const at::Device positions_device = device ? *device : leaves_device();
+      const at::Device positions_device =
+          device ? *device : detail::leaves_device(c10::ArrayRef<at::Tensor>(st_->leaves.data() + leaf_base_, leaf_count));
       for (std::size_t i = 0; i < non_tensor_count; ++i)
         if (const auto& v = non_tensor_slot(i)) {
           const std::size_t level = non_tensor_paths_v<S>[i].parent_node;
@@ -637,11 +638,6 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
       const detail::rearrangement positions = [&](const at::Tensor& t) { return at::Tensor(f(t)); };
       return mapped(f, batch, device(), detail::nested_batch::follow, "TensorDict.apply", &positions);
     }
-  }
-  at::Device leaves_device() const {
-    for (std::size_t i = 0; i < leaf_count; ++i)
-      if (slot(i).defined()) return slot(i).device();
-    return at::kCPU;
   }
   template <class F>
   TensorDict map_leaves(F&& f, c10::IntArrayRef batch, detail::nested_batch rule) const {
@@ -665,7 +661,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
       if (const auto& v = non_tensor_slot(i)) {
         const std::size_t level = non_tensor_paths_v<S>[i].parent_node;
         out.non_tensor_slot(i) = detail::carried(*v, node_batch(level), out.node_batch(level), nullptr,
-                                                 to_string(non_tensor_path<S>(i)), "TensorDict.auto_batch_size_", at::kCPU);
+                                                 to_string(non_tensor_path<S>(i)), "TensorDict.auto_batch_size_");
       }
     return out;
   }

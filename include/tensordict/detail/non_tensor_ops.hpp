@@ -41,12 +41,21 @@ inline NonTensor stacked_or_one(std::vector<non_tensor_value> values, c10::IntAr
   return NonTensor::stack(std::move(values), batch.vec());
 }
 
+// Where a level's leaves are (the first set one's device, else the CPU): the
+// device of the positions `carried` rearranges.
+template <class Tensors>
+at::Device leaves_device(const Tensors& leaves) {
+  for (const at::Tensor& t : leaves)
+    if (t.defined()) return t.device();
+  return at::kCPU;
+}
+
 // The entry `v` at `path` of a level going from batch `from` to `to`: a
 // NonTensorStack's values follow `rearrange` when given; without it the batch
 // size must stay. (`device`: where the level's leaves are, which the verb's
-// index tensors suit.)
+// index tensors suit; only a rearrangement uses it.)
 inline NonTensor carried(const NonTensor& v, c10::IntArrayRef from, c10::IntArrayRef to, const rearrangement* rearrange,
-                         const std::string& path, const char* op, at::Device device) {
+                         const std::string& path, const char* op, at::Device device = at::kCPU) {
   if (!v.is_stack()) return v;
   if (!rearrange) {
     if (from.equals(to)) return v;
