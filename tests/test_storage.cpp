@@ -655,6 +655,20 @@ TEST_CASE("typed TensorDict: non_tensor<...> fields beside the leaves, through e
   CHECK(any.to_typed<step>().get<"next", "name">() == td.get<"next", "name">());
   CHECK_THROWS_TYPED((any.to_typed<schema<leaf<"obs">, node<"next", leaf<"obs">, non_tensor<"name">>>>()), key_error,
                      Contains("\"task\": non-tensor data (NonTensorData('reach')), which the schema has no non_tensor<...> field for"));
+  // A nested level holding only a NonTensorStack, with a batch dim of its own beyond its parent's, both ways.
+  using tagged = schema<leaf<"obs">, field<"tags", schema<non_tensor<"name">>>>;
+  TensorDict<tagged> with_tags(std::vector<std::int64_t>{2});
+  with_tags.set<"obs">(rows(2, 2));
+  TensorDict<schema<non_tensor<"name">>> tags(std::vector<std::int64_t>{2, 3});
+  tags.set<"name">(NonTensor::stack({"a", "b", "c", "d", "e", "f"}, {2, 3}));
+  with_tags.set<"tags">(tags);
+  const AnyTensorDict any_tags(with_tags);
+  CHECK(any_tags.get_tensordict("tags").batch_size() == c10::IntArrayRef{2, 3});
+  CHECK(any_tags.non_tensor({"tags", "name"}) == tags.get<"name">());
+  const TensorDict<tagged> back = any_tags.to_typed<tagged>();
+  CHECK(back.get<"tags">().batch_size() == c10::IntArrayRef{2, 3});
+  CHECK(back.get<"tags", "name">() == tags.get<"name">());
+  CHECK(strings(back[1].get<"tags", "name">()) == std::vector<std::string>{"d", "e", "f"});
   const AnyTensorDict without_task(td.exclude<"task">());
   CHECK_THROWS_TYPED(without_task.to_typed<step>(), key_error, Contains("\"task\": missing"));
   CHECK(without_task.to_typed<step>({.allow_missing = true}).non_tensor_keys().size() == 1);

@@ -672,12 +672,19 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     constexpr auto& parents = detail::node_parents_of<S>::value;
     std::size_t depth = 0;
     for (std::size_t p = k; p != 0; p = parents[p]) ++depth;
-    for (const auto& leaf : leaf_paths_v<S>)
-      for (std::size_t p = leaf.parent_node;; p = parents[p]) {
-        if (p == k) return std::vector<std::string_view>(leaf.parts.begin(), leaf.parts.begin() + static_cast<std::ptrdiff_t>(depth));
-        if (p == 0) break;
-      }
-    return std::nullopt;
+    // The first few parts of any entry's path under level k: a leaf's, else a non-tensor field's.
+    std::optional<std::vector<std::string_view>> found;
+    auto search = [&](const auto& entries) {
+      for (const auto& entry : entries)
+        for (std::size_t p = entry.parent_node; !found; p = parents[p]) {
+          if (p == k)
+            found.emplace(entry.parts.begin(), entry.parts.begin() + static_cast<std::ptrdiff_t>(depth));
+          if (p == 0) break;
+        }
+    };
+    search(leaf_paths_v<S>);
+    if (!found) search(non_tensor_paths_v<S>);
+    return found;
   }
   static std::string node_name(std::size_t k) {
     const auto path = node_path(k);
