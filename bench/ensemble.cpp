@@ -24,13 +24,16 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/mse_loss.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -153,21 +156,24 @@ std::array<double, n_variants> time_variants(std::array<std::function<void()>, n
   return median;
 }
 
-// A forward (no grad) or a training step: MSE against target, backward, SGD on `trained`.
+// A forward (no grad) or a training step: MSE against target, backward, SGD on
+// `trained` as torch.optim's does it (one foreach update, gradients then set
+// to none as zero_grad() does since PyTorch 2.0, so the next backward's are
+// taken, not added).
 template <class Forward>
 std::function<void()> step(Forward forward, bool train, const at::Tensor& target, std::vector<at::Tensor> trained) {
-  return [forward, train, target, trained] {
+  return [forward, train, target, trained]() mutable {
     if (!train) {
       at::NoGradGuard no_grad;
       forward();
       return;
     }
-    (forward() - target).pow(2).mean().backward();
+    at::mse_loss(forward(), target).backward();
     at::NoGradGuard no_grad;
-    for (const auto& t : trained) {
-      const_cast<at::Tensor&>(t).sub_(t.grad(), 1e-3);
-      const_cast<at::Tensor&>(t).mutable_grad().zero_();
-    }
+    std::vector<at::Tensor> grads;
+    grads.reserve(trained.size());
+    for (auto& t : trained) grads.push_back(std::exchange(t.mutable_grad(), at::Tensor()));
+    at::_foreach_add_(trained, grads, -1e-3);
   };
 }
 

@@ -442,7 +442,7 @@ TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, 
 
 TEST_CASE("the fused LSTM step: equals libtorch's ops in values, NaN, gradients and second derivatives", "[dynamic_modules]") {
   SECTION("the step alone, hidden 12 (a vector of 8 and a tail of 4), c_prev a strided view") {
-    if (!tensordict::detail::fused_lstm::cpu_supported()) {
+    if (!tensordict::detail::avx2_fma_supported()) {
       WARN("this CPU has no AVX2 + FMA: libtorch's ops run instead of the fused step");
       return;
     }

@@ -275,6 +275,47 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
   check_three_paths(encoders, at::randn({4, 3}), false);
 }
 
+TEST_CASE("small Linears run on the library's own batched GEMM (AVX2): odd shapes, strides, gradients, create_graph",
+          "[functional_vmap]") {
+  using torch::nn::Linear;
+  // 13 -> 19 over 7 rows: partial row and column tiles, an 8x8-block transpose with leftovers.
+  auto odd = copies<Linear>(5, [] { return Linear(13, 19); });
+  check_three_paths(odd, at::randn({7, 13}), false);
+  check_three_paths(odd, at::randn({5, 7, 13}), true);
+  check_three_paths(odd, at::randn({2, 7, 13}), false);
+  check_three_paths(odd, at::randn({5, 2, 3, 13}), true);
+  check_three_paths(odd, at::randn({13}), false);
+  auto no_bias = copies<Linear>(3, [] { return Linear(torch::nn::LinearOptions(17, 9).bias(false)); });
+  check_three_paths(no_bias, at::randn({11, 17}), false);
+  check_three_paths(no_bias, at::randn({3, 11, 17}), true);
+
+  auto params = trainable(from_modules(odd));
+  const auto y = tdn::functional_vmap(odd[0], params, tdn::args(at::randn({7, 13})));
+  if (tensordict::detail::avx2_fma_supported()) {
+    // Its autograd node is in the graph, behind the views of the output.
+    std::string names;
+    for (auto node = y.grad_fn(); node; node = node->next_edges().empty() ? nullptr : node->next_edges()[0].function)
+      names += node->name() + " ";
+    CHECK_THAT(names, Contains("linear_run"));
+  }
+
+  // Weights stored transposed and a transposed input: read through their strides.
+  auto strided = params.apply([](const at::Tensor& t) {
+    return t.dim() == 3 ? t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() : t.detach().clone().requires_grad_();
+  });
+  const at::Tensor x = at::randn({13, 7}).t().requires_grad_();
+  const at::Tensor lowered = tdn::functional_vmap(odd[0], strided, tdn::args(x));
+  const at::Tensor looped = tdn::functional_vmap(odd[0], params, tdn::args(x), {}, {}, {.loop = true});
+  CHECK(lowered.allclose(looped, 1e-4, 1e-5));
+  // Gradients of gradients (create_graph) take libtorch's ops in the backward, and equal the loop's.
+  const auto second_order = [&](const at::Tensor& out, const auto& p) {
+    const auto first = torch::autograd::grad({out.pow(2).sum()}, {p.template get<"weight">(), x}, {}, true, true);
+    return torch::autograd::grad({first[0].pow(2).sum() + first[1].pow(2).sum()}, {p.template get<"weight">(), p.template get<"bias">(), x});
+  };
+  const auto from_lowered = second_order(lowered, strided), from_loop = second_order(looped, params);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(from_lowered[i].allclose(from_loop[i], 1e-3, 1e-3));
+}
+
 TEST_CASE("TransformerDecoderLayer: lowered (target and memory, each shared or per set) equals the loop and its forwards",
           "[functional_vmap]") {
   using torch::nn::TransformerDecoderLayer;

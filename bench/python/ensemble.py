@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""The configs of bench/ensemble in Python: functorch.vmap over functional_call,
+"""The configs of bench/ensemble in Python: vmap over functional_call,
 and, where the tensordict package is importable (it is not a Debian package),
 tensordict's way: torch.vmap over TensorDict.to_module of the stacked params.
 
-Run with Debian's python3-torch: python3 bench/python/ensemble.py [threads...]
+Run with Debian's python3-torch: python3 bench/python/ensemble.py [--compiled] [threads...]
 Prints microseconds per call for a forward and a training step (forward,
 backward, SGD on the stacked parameters) at 1 and 2 intra-op threads (or the
 ones given); then 8 LSTMs and 8 two-layer transformer encoders, as
-bench/ensemble. Runs itself again with the C++ bench's settings (one BLAS
+bench/ensemble. --compiled (torch >= 2.0, a C++ compiler at run time) adds, for
+the MLP configs, torch.compile of the vmapped functional_call (forward and
+training step) and a training step compiled as one graph: torch.func.grad of
+the loss and the SGD update (the first call of each compiles: seconds, not
+counted). ONLY=text in the environment runs the configs whose name contains
+text, as bench/ensemble. Runs itself again with the C++ bench's settings (one BLAS
 thread, glibc keeps freed memory, OpenBLAS's kernels for this CPU).
 """
 import copy
@@ -43,7 +48,10 @@ if any(os.environ.get(k) != v for k, v in SETTINGS.items()):
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch  # noqa: E402
-from functorch import vmap  # noqa: E402
+try:
+    from torch import vmap  # noqa: E402  (torch >= 2.0)
+except ImportError:
+    from functorch import vmap  # noqa: E402  (torch 1.13)
 try:
     from torch.func import functional_call  # noqa: E402  (torch >= 2.0)
 except ImportError:
@@ -89,28 +97,67 @@ def time_modes(label, name, fn, trained, target):
             fn()
 
     def train():
-        (fn() - target).pow(2).mean().backward()
+        # As bench/ensemble.cpp: MSE, backward, one foreach SGD update, gradients set to none.
+        torch.nn.functional.mse_loss(fn(), target).backward()
         with torch.no_grad():
+            grads = [t.grad for t in trained]
             for t in trained:
-                t.sub_(t.grad, alpha=1e-3)
-                t.grad.zero_()
+                t.grad = None
+            torch._foreach_add_(trained, grads, alpha=-1e-3)
     threads = torch.get_num_threads()
     try:
         print(f"python {label} {name} fwd threads={threads} {per_call(forward) * 1e6:.1f} us")
         print(f"python {label} {name} train threads={threads} {per_call(train) * 1e6:.1f} us")
-    except RuntimeError as e:
+    except Exception as e:  # noqa: BLE001  (vmap's missing batching rules, a compiler's failure)
         print(f"python {label} {name} threads={threads}: n/a ({str(e).splitlines()[0]})")
+
+
+COMPILED = "--compiled" in sys.argv[1:]
+
+
+def compiled_variants(name, base, params, x, target):
+    """torch.compile of the vmapped functional_call, and a training step compiled as one graph."""
+    if not hasattr(torch, "compile"):
+        print(f"python torch.compile {name}: n/a (torch {torch.__version__})")
+        return
+    ensemble = vmap(lambda p, inp: functional_call(base, p, (inp,)), in_dims=(0, None))
+    compiled = torch.compile(ensemble)
+    time_modes("torch.compile", name, lambda: compiled(params, x), list(params.values()), target)
+
+    def loss(p):
+        return torch.nn.functional.mse_loss(ensemble(p, x), target)
+
+    @torch.compile
+    def step(p):
+        g = torch.func.grad(loss)(p)
+        return {k: p[k] - 1e-3 * g[k] for k in p}
+
+    state = {k: v.detach().clone() for k, v in params.items()}
+
+    def train():
+        nonlocal state
+        state = step(state)
+    threads = torch.get_num_threads()
+    try:
+        print(f"python compiled-grad-step {name} train threads={threads} {per_call(train) * 1e6:.1f} us")
+    except Exception as e:  # noqa: BLE001  (a compiler failure names itself)
+        print(f"python compiled-grad-step {name} threads={threads}: n/a ({str(e).splitlines()[0]})")
 
 
 def main():
     print(f"torch {torch.__version__}, tensordict {'not importable' if TensorDict is None else 'importable'}")
-    for threads in [int(t) for t in sys.argv[1:]] or [1, 2]:
+    for threads in [int(t) for t in sys.argv[1:] if t != "--compiled"] or [1, 2]:
         torch.set_num_threads(threads)
         run_configs()
 
 
+ONLY = os.environ.get("ONLY", "")
+
+
 def run_configs():
     for name, members, n_in, hidden, n_out, batch in CONFIGS:
+        if ONLY not in name:
+            continue
         nets = [torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
                                     torch.nn.ReLU(), torch.nn.Linear(hidden, n_out)) for _ in range(members)]
         params = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets]).requires_grad_()
@@ -129,6 +176,8 @@ def run_configs():
         if TensorDict is not None:
             td_params, td_trained, td_ensemble = tensordict_ensemble(nets)
             time_modes("tensordict", name, lambda: td_ensemble(td_params, x), td_trained, target)
+        if COMPILED:
+            compiled_variants(name, base, params, x, target)
 
     # The LSTM and transformer configs: vmap over functional_call, and the
     # members' own forwards for reference.
@@ -139,6 +188,8 @@ def run_configs():
             ("lstm:8x(32-128x2)/50x32", lstms, torch.randn(50, 32, 32), torch.randn(8, 50, 32, 128), lambda out: out[0]),
             ("transformer:8x(64,4h,2l)/32x16", encoders, torch.randn(32, 16, 64), torch.randn(8, 32, 16, 64),
              lambda out: out)]:
+        if ONLY not in name:
+            continue
         params = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets]).requires_grad_()
                   for k, _ in nets[0].named_parameters()}
         base = copy.deepcopy(nets[0])

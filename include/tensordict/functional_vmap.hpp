@@ -157,6 +157,7 @@ TD flatten_sets(const TD& params, std::int64_t sets) {
 template <class Out>
 Out unflatten_sets(const Out& out, c10::IntArrayRef batch) {
   if constexpr (std::is_same_v<Out, at::Tensor>) {
+    if (batch.size() == 1) return out;  // already so (a reshape would cost an op and an autograd node)
     std::vector<std::int64_t> shape(batch.begin(), batch.end());
     shape.insert(shape.end(), out.sizes().begin() + 1, out.sizes().end());
     return out.reshape(shape);
@@ -600,9 +601,22 @@ inline stacked dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params
     auto names = seq->named_children();
     std::size_t i = 0;
     stacked value = x;
-    for (auto& child : *seq)
-      value = dynamic_lowered(*child.ptr(), ::tensordict::detail::child_params(params, names[i++].key()), value, ctx);
-    return value;
+    // Linears and the ReLUs after them run as one detail::linear_run, as in a typed Sequential.
+    std::optional<linear_run> run;
+    for (auto& child : *seq) {
+      const AnyTensorDict child_params = ::tensordict::detail::child_params(params, names[i++].key());
+      torch::nn::Module& module = *child.ptr();
+      if (dynamic_cast<torch::nn::LinearImpl*>(&module)) {
+        if (!run) run.emplace(value, ctx.sets);
+        if (run->add(child_params.get("weight"), child_params.contains("bias") ? child_params.get("bias") : at::Tensor())) continue;
+      } else if (run && dynamic_cast<torch::nn::ReLUImpl*>(&module) && run->add_relu()) {
+        continue;
+      }
+      if (run && !run->empty()) value = run->run();
+      run.reset();
+      value = dynamic_lowered(module, child_params, value, ctx);
+    }
+    return run && !run->empty() ? run->run() : value;
   }
   return module_registry::instance().find(m)->batched(m, params, x, ctx);
 }

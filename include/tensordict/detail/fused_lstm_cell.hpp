@@ -17,12 +17,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define TENSORDICT_FUSED_LSTM_X86 1
-#else
-#define TENSORDICT_FUSED_LSTM_X86 0
-#endif
+#include "cpu_features.hpp"
 
 namespace tensordict::detail::fused_lstm {
 
@@ -73,7 +68,7 @@ struct rows_view {
 // The step's saved activations for the backward: i, f, g, o, tanh(c) of each row.
 constexpr std::int64_t saved_gates = 5;
 
-#if TENSORDICT_FUSED_LSTM_X86
+#if TENSORDICT_X86_KERNELS
 __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
   // max(lo, x), min(hi, x): a NaN x is their second operand, so it stays NaN.
   x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
@@ -195,20 +190,10 @@ __attribute__((target("avx2,fma"))) inline void backward_avx2(const rows_view& d
 }
 #endif
 
-// Whether this CPU runs the kernel (checked once).
-inline bool cpu_supported() {
-#if TENSORDICT_FUSED_LSTM_X86
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-#else
-  return false;
-#endif
-}
-
 // Whether the kernel takes these: float32 CPU tensors on a CPU that runs it.
 inline bool applies(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c) {
   const auto is_float_cpu = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat; };
-  return cpu_supported() && is_float_cpu(x) && is_float_cpu(h) && is_float_cpu(c);
+  return avx2_fma_supported() && is_float_cpu(x) && is_float_cpu(h) && is_float_cpu(c);
 }
 
 // The rows of t [sets, B, width], each contiguous.
@@ -228,7 +213,7 @@ inline std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& gx, const at
   const at::Tensor b = bias.defined() ? rows_contiguous(bias.unsqueeze(1).expand({sets, batch, 4 * hidden})) : bias;
   at::Tensor h = at::empty({sets, batch, hidden}, c_prev.options()), c = at::empty({sets, batch, hidden}, c_prev.options());
   if (saved) *saved = at::empty({rows, saved_gates * hidden}, c_prev.options());
-#if TENSORDICT_FUSED_LSTM_X86
+#if TENSORDICT_X86_KERNELS
   forward_avx2(rows_view(x), rows_view(y), rows_view(b), rows_view(cp), h.data_ptr<float>(), c.data_ptr<float>(),
                saved ? saved->data_ptr<float>() : nullptr, rows, hidden);
 #endif
@@ -243,7 +228,7 @@ inline std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& dh, const a
   const at::Tensor gh = rows_contiguous(dh), gc = rows_contiguous(dc), cp = rows_contiguous(c_prev);
   at::Tensor d_gates = at::empty({sets, batch, 4 * hidden}, c_prev.options());
   at::Tensor d_c_prev = at::empty({sets, batch, hidden}, c_prev.options());
-#if TENSORDICT_FUSED_LSTM_X86
+#if TENSORDICT_X86_KERNELS
   backward_avx2(rows_view(gh), rows_view(gc), saved.data_ptr<float>(), rows_view(cp), d_gates.data_ptr<float>(),
                 d_c_prev.data_ptr<float>(), sets * batch, hidden);
 #endif

@@ -14,13 +14,177 @@
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bilinear.h>
 #include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/sum.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/linear.h>
+
+#include "../detail/batched_gemm.hpp"
 
 namespace tensordict::nn {
 
 namespace detail {
 using linear_family = type_list<torch::nn::LinearImpl, torch::nn::BilinearImpl>;
+
+namespace gemm = ::tensordict::detail::batched_gemm;
+
+// The layers of a linear_run applied to x ([sets, rows, in], or [rows, in]
+// every set shares): tensors are w, b per layer (b empty: none), relu whether
+// a ReLU follows each. Returns every layer's output, [sets, rows, out] each.
+inline std::vector<at::Tensor> linear_run_forward(const at::Tensor& x, at::TensorList tensors, const std::vector<std::int64_t>& relu) {
+  std::vector<at::Tensor> outputs;
+  const at::Tensor* h = &x;
+  for (std::size_t l = 0; l < relu.size(); ++l) {
+    const at::Tensor &w = tensors[2 * l], &b = tensors[2 * l + 1];
+    at::Tensor y = at::empty({w.size(0), x.size(-2), w.size(1)}, w.options());
+    gemm::multiply(gemm::view(*h), gemm::transposed(w), b.numel() == 0 ? at::Tensor() : b.is_contiguous() ? b : b.contiguous(),
+                   relu[l] != 0, w.size(2), y);
+    outputs.push_back(std::move(y));
+    h = &outputs.back();
+  }
+  return outputs;
+}
+
+// The same with libtorch's ops, which autograd records (for create_graph).
+inline at::Tensor linear_run_reference(const at::Tensor& x, at::TensorList tensors, const std::vector<std::int64_t>& relu) {
+  at::Tensor h = x.dim() == 2 ? x.unsqueeze(0).expand({tensors[0].size(0), x.size(0), x.size(1)}) : x;
+  for (std::size_t l = 0; l < relu.size(); ++l) {
+    const at::Tensor &w = tensors[2 * l], &b = tensors[2 * l + 1];
+    h = b.numel() == 0 ? at::bmm(h, w.transpose(1, 2)) : at::baddbmm(b.unsqueeze(1), h, w.transpose(1, 2));
+    if (relu[l]) h = h.relu();
+  }
+  return h;
+}
+
+// A linear_run as one autograd node of (x, w0, b0, w1, b1, ...). Its backward
+// is batched_gemm's products too (per layer, from the output back: the ReLU's
+// mask, gb = the rows' sum, gw = g^T h, g = g w); where a graph of the
+// backward is asked for (create_graph) it differentiates
+// linear_run_reference on the saved inputs instead, so that second
+// derivatives stay exact.
+struct linear_run_function : torch::autograd::Function<linear_run_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, std::vector<std::int64_t> relu) {
+    std::vector<at::Tensor> outputs = linear_run_forward(inputs[0], inputs.slice(1), relu);
+    // Saved: the inputs, then each layer's output the backward reads (all but the last, unless a ReLU follows it).
+    std::vector<at::Tensor> saved(inputs.begin(), inputs.end());
+    saved.insert(saved.end(), outputs.begin(), outputs.end() - (relu.back() ? 0 : 1));
+    ctx->save_for_backward(saved);
+    ctx->saved_data["relu"] = relu;
+    ctx->set_materialize_grads(false);
+    return outputs.back();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const std::vector<std::int64_t> relu = ctx->saved_data["relu"].toIntVector();
+    const std::size_t layers = relu.size(), count = 1 + 2 * layers;
+    torch::autograd::variable_list out(count + 1);  // the last for `relu`, not a tensor
+    if (!grads[0].defined()) return out;
+    const at::Tensor& x = saved[0];
+    const at::TensorList tensors(saved.data() + 1, 2 * layers);
+    if (at::GradMode::is_enabled()) {
+      std::vector<at::Tensor> wrt;
+      for (std::size_t i = 0; i < count; ++i)
+        if (ctx->needs_input_grad(i)) wrt.push_back(saved[i]);
+      const at::Tensor y = linear_run_reference(x, tensors, relu);
+      const auto d = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
+      for (std::size_t i = 0, next = 0; i < count; ++i)
+        if (ctx->needs_input_grad(i)) out[i] = d[next++];
+      return out;
+    }
+    // The input of layer l: x, or the output of layer l - 1.
+    const auto input_of = [&](std::size_t l) -> const at::Tensor& { return l == 0 ? x : saved[count + l - 1]; };
+    std::size_t first = 0;  // the first input that needs a gradient: layers before its own need none
+    while (first < count && !ctx->needs_input_grad(first)) ++first;
+    at::Tensor g = grads[0];
+    for (std::size_t l = layers; l-- > 0;) {
+      if (2 * l + 2 < first) break;
+      if (relu[l]) {
+        at::Tensor masked = g.is_contiguous() && l + 1 < layers ? g : at::empty(saved[count + l].sizes(), g.options());
+        gemm::relu_backward(g, saved[count + l], masked);
+        g = masked;
+      }
+      const at::Tensor& w = tensors[2 * l];
+      const std::int64_t sets = w.size(0), rows = g.size(1), out_features = w.size(1), in = w.size(2);
+      if (tensors[2 * l + 1].numel() > 0 && ctx->needs_input_grad(2 * l + 2)) out[2 * l + 2] = gemm::row_sums(g);
+      if (ctx->needs_input_grad(2 * l + 1)) {
+        at::Tensor gw = at::empty({sets, out_features, in}, g.options());
+        gemm::multiply(gemm::transposed(g), gemm::view(input_of(l)), at::Tensor(), false, rows, gw);
+        out[2 * l + 1] = gw;
+      }
+      if (2 * l + 1 > first) {  // an earlier input needs g of this layer's input
+        at::Tensor gx = at::empty({sets, rows, in}, g.options());
+        gemm::multiply(gemm::view(g), gemm::view(w), at::Tensor(), false, out_features, gx);
+        g = gx;
+      }
+    }
+    if (ctx->needs_input_grad(0)) out[0] = x.dim() == 2 ? g.sum(0) : g;
+    return out;
+  }
+};
+
+// A run of Linears, each maybe followed by a ReLU, lowered as one pass of
+// detail/batched_gemm.hpp's products (one autograd node) where they apply:
+// float32 CPU tensors, a CPU with AVX2 and FMA, small sets. A typed or
+// run-time Sequential gathers its children into one (add, add_relu) and
+// runs it where a child does not join; a lone Linear is a run of one.
+class linear_run {
+ public:
+  linear_run(const stacked& x, std::int64_t sets) : x_(x), sets_(sets) {
+    const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
+    if (own_dims < 1) return;
+    width_ = x.value.size(-1);
+    flat_ = x.mapped ? (own_dims == 2 ? x.value : x.value.reshape({sets, -1, width_}))
+                     : (own_dims == 2 ? x.value : x.value.reshape({-1, width_}));
+    rows_ = flat_.size(-2);
+  }
+  // Whether the run takes this Linear's params (w [sets, out, in], b [sets, out] or undefined) next.
+  bool add(const at::Tensor& w, const at::Tensor& b) {
+    if (!flat_.defined() || w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ ||
+        !gemm::applies(rows_, w.size(1), width_, {&flat_, &w, &b}))
+      return false;
+    tensors_.push_back(w);
+    tensors_.push_back(b.defined() ? b : at::empty({0}, w.options()));
+    relu_.push_back(0);
+    width_ = w.size(1);
+    return true;
+  }
+  // Whether the run takes a ReLU next (after a Linear without one).
+  bool add_relu() {
+    if (relu_.empty() || relu_.back()) return false;
+    relu_.back() = 1;
+    return true;
+  }
+  bool empty() const { return relu_.empty(); }
+  // The run's output, [sets, ..., out] with the input's middle dims.
+  stacked run() const {
+    bool records = at::GradMode::is_enabled() && flat_.requires_grad();
+    for (const auto& t : tensors_) records = records || (at::GradMode::is_enabled() && t.requires_grad());
+    at::Tensor y;
+    if (records) {
+      std::vector<at::Tensor> inputs{flat_};
+      inputs.insert(inputs.end(), tensors_.begin(), tensors_.end());
+      y = linear_run_function::apply(at::TensorList(inputs), relu_);
+    } else {
+      y = linear_run_forward(flat_, tensors_, relu_).back();
+    }
+    const std::int64_t own_dims = x_.value.dim() - (x_.mapped ? 1 : 0);
+    if (own_dims == 2) return {y, true, true};
+    std::vector<std::int64_t> shape{sets_};
+    shape.insert(shape.end(), x_.value.sizes().begin() + (x_.mapped ? 1 : 0), x_.value.sizes().end() - 1);
+    shape.push_back(width_);
+    return {y.view(shape), true, true};
+  }
+
+ private:
+  stacked x_;
+  std::int64_t sets_, rows_ = 0, width_ = 0;
+  at::Tensor flat_;                    // x as [sets, rows, in] or shared [rows, in]; undefined: the run takes nothing
+  std::vector<at::Tensor> tensors_;    // w, b per layer
+  std::vector<std::int64_t> relu_;     // per layer: whether a ReLU follows
+};
 }  // namespace detail
 
 TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::LinearImpl)
@@ -46,16 +210,22 @@ struct batched<torch::nn::LinearImpl> {
     const std::int64_t in = w.size(2), out = w.size(1);
     // [sets, rows, in]; the common shapes need no reshape (each op costs about a microsecond here).
     const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
+    const auto shaped = [&](const at::Tensor& y) -> stacked {  // [sets, rows, out] -> [sets, ..., out]
+      if (own_dims == 2) return {y, true, true};
+      std::vector<std::int64_t> shape{ctx.sets};
+      shape.insert(shape.end(), x.value.sizes().begin() + (x.mapped ? 1 : 0), x.value.sizes().end() - 1);
+      shape.push_back(out);
+      return {y.view(shape), true, true};
+    };
+    if (detail::linear_run run(x, ctx.sets); run.add(w, b)) return run.run();
+    const at::Tensor flat = x.mapped ? (own_dims == 2 ? x.value : x.value.reshape({ctx.sets, -1, in}))
+                                     : (own_dims == 2 ? x.value : x.value.reshape({-1, in}));
     if (!x.mapped && own_dims == 2 && b.defined()) {
       // A shared input meets every set's weights in one GEMM: [rows, in] x [in, sets*out].
       at::Tensor y = at::addmm(b.reshape({-1}), x.value, w.reshape({ctx.sets * out, in}).t());
       return {y.view({x.value.size(0), ctx.sets, out}).transpose(0, 1), true, true};
     }
-    at::Tensor rows;
-    if (x.mapped)
-      rows = own_dims == 2 ? x.value : x.value.reshape({ctx.sets, -1, in});
-    else
-      rows = (own_dims == 2 ? x.value : x.value.reshape({-1, in})).unsqueeze(0).expand({ctx.sets, -1, in});
+    const at::Tensor rows = x.mapped ? flat : flat.unsqueeze(0).expand({ctx.sets, -1, in});
     at::Tensor y;
     if (!b.defined())
       y = at::bmm(rows, w.transpose(1, 2));
@@ -63,11 +233,7 @@ struct batched<torch::nn::LinearImpl> {
       y = at::baddbmm(b.unsqueeze(1), rows, w.transpose(1, 2));  // small: the bias fused in
     else
       y = at::bmm(rows, w.transpose(1, 2)).add_(b.unsqueeze(1));  // large: measured faster than baddbmm's bias copy
-    if (own_dims == 2) return {y, true, true};
-    std::vector<std::int64_t> shape{ctx.sets};
-    shape.insert(shape.end(), x.value.sizes().begin() + (x.mapped ? 1 : 0), x.value.sizes().end() - 1);
-    shape.push_back(out);
-    return {y.view(shape), true, true};
+    return shaped(y);
   }
 };
 

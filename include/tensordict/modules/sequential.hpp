@@ -13,6 +13,9 @@
 #include <utility>
 
 #include "adapter.hpp"
+#include "linear.hpp"  // its children's Linears and ReLUs run as one detail::linear_run
+
+#include <torch/nn/modules/activation.h>
 
 namespace tensordict::nn {
 
@@ -187,15 +190,40 @@ struct batched<SequentialImpl<Holders...>> {
   }
 
  private:
+  using params_type = TensorDict<schema_of<SequentialImpl<Holders...>>>;
   template <std::size_t I>
-  static stacked chain(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
-                       const stacked& x, const batch_context& ctx) {
+  using child_impl = impl_of_t<std::remove_cvref_t<decltype(std::declval<SequentialImpl<Holders...>&>().template child<I>())>>;
+
+  template <std::size_t I>
+  static stacked chain(SequentialImpl<Holders...>& m, const params_type& p, const stacked& x, const batch_context& ctx) {
     auto& child = *m.template child<I>();
+    if constexpr (std::is_same_v<child_impl<I>, torch::nn::LinearImpl>) {
+      // A Linear starts a run that the Linears and ReLUs after it may join.
+      detail::linear_run run(x, ctx.sets);
+      const auto params = detail::child_params<I>(p);
+      if (run.add(params.leaf(0), params.leaf(1))) return gather<I + 1>(m, p, run, ctx);
+    }
     stacked out = call_stacked(child, detail::child_params<I>(p), x, ctx);
     if constexpr (I + 1 == sizeof...(Holders))
       return out;
     else
       return chain<I + 1>(m, p, out, ctx);
+  }
+
+  // From child I on, with a run of Linears and ReLUs pending: the child joins it, or the run runs first.
+  template <std::size_t I>
+  static stacked gather(SequentialImpl<Holders...>& m, const params_type& p, detail::linear_run& run, const batch_context& ctx) {
+    if constexpr (I == sizeof...(Holders)) {
+      return run.run();
+    } else {
+      if constexpr (std::is_same_v<child_impl<I>, torch::nn::LinearImpl>) {
+        const auto params = detail::child_params<I>(p);
+        if (run.add(params.leaf(0), params.leaf(1))) return gather<I + 1>(m, p, run, ctx);
+      } else if constexpr (std::is_same_v<child_impl<I>, torch::nn::ReLUImpl>) {
+        if (run.add_relu()) return gather<I + 1>(m, p, run, ctx);
+      }
+      return chain<I>(m, p, run.run(), ctx);
+    }
   }
 };
 
