@@ -8,12 +8,16 @@
 #include <typeinfo>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/_make_dual.h>
+#include <ATen/ops/_unpack_dual.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/stack.h>
 
 #include <tensordict/functional_vmap.hpp>
+
+#include <torch/csrc/autograd/forward_grad.h>
 
 #include <c10/core/CPUAllocator.h>
 #ifdef _OPENMP
@@ -314,6 +318,20 @@ TEST_CASE("small Linears run on the library's own batched GEMM (AVX2): odd shape
   };
   const auto from_lowered = second_order(lowered, strided), from_loop = second_order(looped, params);
   for (std::size_t i = 0; i < 3; ++i) CHECK(from_lowered[i].allclose(from_loop[i], 1e-3, 1e-3));
+
+  // A dual tensor (forward-mode AD) keeps libtorch's ops, which carry its tangent.
+  const std::uint64_t level = torch::autograd::ForwardADLevel::get_next_idx();
+  const at::Tensor primal = at::randn({7, 13}), tangent = at::randn({7, 13});
+  at::Tensor y_tangent;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor dual_out = tdn::functional_vmap(odd[0], from_modules(odd), tdn::args(at::_make_dual(primal, tangent, level)));
+    y_tangent = std::get<1>(at::_unpack_dual(dual_out, static_cast<std::int64_t>(level)));
+  }
+  torch::autograd::ForwardADLevel::release_idx(level);
+  REQUIRE(y_tangent.defined());
+  for (std::size_t i = 0; i < odd.size(); ++i)
+    CHECK(y_tangent[static_cast<std::int64_t>(i)].allclose(at::matmul(tangent, odd[i]->weight.t()), 1e-4, 1e-5));
 }
 
 TEST_CASE("TransformerDecoderLayer: lowered (target and memory, each shared or per set) equals the loop and its forwards",
