@@ -134,15 +134,17 @@ class linear_run {
  public:
   linear_run(const stacked& x, std::int64_t sets) : x_(x), sets_(sets) {
     const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
-    if (own_dims < 1) return;
+    TORCH_CHECK(own_dims >= 1, "Linear: each set's input needs at least 1 dim (its features); got ", x.value.sizes(),
+                x.mapped ? " mapped over the sets" : " shared by the sets");
     width_ = x.value.size(-1);
+    // The common shapes need no reshape (each op costs about a microsecond here).
     flat_ = x.mapped ? (own_dims == 2 ? x.value : x.value.reshape({sets, -1, width_}))
                      : (own_dims == 2 ? x.value : x.value.reshape({-1, width_}));
     rows_ = flat_.size(-2);
   }
   // Whether the run takes this Linear's params (w [sets, out, in], b [sets, out] or undefined) next.
   bool add(const at::Tensor& w, const at::Tensor& b) {
-    if (!flat_.defined() || w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ ||
+    if (w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ ||
         !gemm::applies(rows_, w.size(1), width_, {&flat_, &w, &b}))
       return false;
     tensors_.push_back(w);
@@ -170,18 +172,24 @@ class linear_run {
     } else {
       y = linear_run_forward(flat_, tensors_, relu_).back();
     }
+    return shaped(y);
+  }
+  // The input as [sets, rows, in], or [rows, in] where the sets share it.
+  const at::Tensor& flat_input() const { return flat_; }
+  // [sets, rows, out] -> [sets, ..., out] with the input's middle dims.
+  stacked shaped(const at::Tensor& y) const {
     const std::int64_t own_dims = x_.value.dim() - (x_.mapped ? 1 : 0);
     if (own_dims == 2) return {y, true, true};
     std::vector<std::int64_t> shape{sets_};
     shape.insert(shape.end(), x_.value.sizes().begin() + (x_.mapped ? 1 : 0), x_.value.sizes().end() - 1);
-    shape.push_back(width_);
+    shape.push_back(y.size(-1));
     return {y.view(shape), true, true};
   }
 
  private:
   stacked x_;
   std::int64_t sets_, rows_ = 0, width_ = 0;
-  at::Tensor flat_;                    // x as [sets, rows, in] or shared [rows, in]; undefined: the run takes nothing
+  at::Tensor flat_;                    // x as [sets, rows, in] or shared [rows, in]
   std::vector<at::Tensor> tensors_;    // w, b per layer
   std::vector<std::int64_t> relu_;     // per layer: whether a ReLU follows
 };
@@ -208,22 +216,13 @@ struct batched<torch::nn::LinearImpl> {
     const at::Tensor& w = p.leaf(0);  // [sets, out, in]
     const at::Tensor& b = p.leaf(1);  // [sets, out] or unset
     const std::int64_t in = w.size(2), out = w.size(1);
-    // [sets, rows, in]; the common shapes need no reshape (each op costs about a microsecond here).
-    const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
-    const auto shaped = [&](const at::Tensor& y) -> stacked {  // [sets, rows, out] -> [sets, ..., out]
-      if (own_dims == 2) return {y, true, true};
-      std::vector<std::int64_t> shape{ctx.sets};
-      shape.insert(shape.end(), x.value.sizes().begin() + (x.mapped ? 1 : 0), x.value.sizes().end() - 1);
-      shape.push_back(out);
-      return {y.view(shape), true, true};
-    };
-    if (detail::linear_run run(x, ctx.sets); run.add(w, b)) return run.run();
-    const at::Tensor flat = x.mapped ? (own_dims == 2 ? x.value : x.value.reshape({ctx.sets, -1, in}))
-                                     : (own_dims == 2 ? x.value : x.value.reshape({-1, in}));
-    if (!x.mapped && own_dims == 2 && b.defined()) {
+    detail::linear_run run(x, ctx.sets);
+    if (run.add(w, b)) return run.run();
+    const at::Tensor& flat = run.flat_input();
+    if (!x.mapped && flat.dim() == 2 && b.defined()) {
       // A shared input meets every set's weights in one GEMM: [rows, in] x [in, sets*out].
-      at::Tensor y = at::addmm(b.reshape({-1}), x.value, w.reshape({ctx.sets * out, in}).t());
-      return {y.view({x.value.size(0), ctx.sets, out}).transpose(0, 1), true, true};
+      at::Tensor y = at::addmm(b.reshape({-1}), flat, w.reshape({ctx.sets * out, in}).t());
+      return run.shaped(y.view({flat.size(0), ctx.sets, out}).transpose(0, 1));
     }
     const at::Tensor rows = x.mapped ? flat : flat.unsqueeze(0).expand({ctx.sets, -1, in});
     at::Tensor y;
@@ -233,7 +232,7 @@ struct batched<torch::nn::LinearImpl> {
       y = at::baddbmm(b.unsqueeze(1), rows, w.transpose(1, 2));  // small: the bias fused in
     else
       y = at::bmm(rows, w.transpose(1, 2)).add_(b.unsqueeze(1));  // large: measured faster than baddbmm's bias copy
-    return shaped(y);
+    return run.shaped(y);
   }
 };
 
