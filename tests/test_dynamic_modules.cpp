@@ -376,6 +376,20 @@ TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, 
                                                                             std::array<bool, 1>{false}, {.sets = 3});
     CHECK(at::allclose(direct, expected, 1e-5, 1e-6));
     CHECK(at::allclose(std::get<1>(direct_state), expected_c, 1e-5, 1e-6));
+    {
+      // Where libtorch has a fused kernel the batched form runs each set through it; without
+      // oneDNN every libtorch takes the decomposition (the input projection as one GEMM, ...).
+      struct mkldnn_off {
+        bool before = at::globalContext().userEnabledMkldnn();
+        mkldnn_off() { at::globalContext().setUserEnabledMkldnn(false); }
+        ~mkldnn_off() { at::globalContext().setUserEnabledMkldnn(before); }
+      } const off;
+      CHECK_FALSE(nn::batched<torch::nn::LSTMImpl>::per_set(*members[0]));
+      auto [decomposed, decomposed_state] = nn::batched<torch::nn::LSTMImpl>::forward(
+          *members[0], params, std::make_tuple(x), std::array<bool, 1>{false}, {.sets = 3});
+      CHECK(at::allclose(decomposed, expected, 1e-5, 1e-6));
+      CHECK(at::allclose(std::get<1>(decomposed_state), expected_c, 1e-5, 1e-6));
+    }
 
     // Gradients: the same as through the loop over the sets.
     auto grads = [&](const at::Tensor& out) {

@@ -12,10 +12,11 @@
 //   so a swapped LSTM computes with the new weights, and puts it back.
 //   Their batched forms run every set at once: one GEMM for the input
 //   projections of all sets and time steps ([sets, T*B, in] x [sets, in,
-//   gates]), then one bmm per time step for the recurrence. functional_vmap
-//   loops over the sets instead in training with dropout between layers, and
-//   where libtorch's own forward is a fused kernel (libtorch 2.x with oneDNN
-//   on the CPU, cuDNN): measured faster there.
+//   gates]), then one bmm per time step for the recurrence. Where libtorch's
+//   own forward is a fused kernel (libtorch 2.x with oneDNN on the CPU,
+//   cuDNN) they run each set through it in turn instead (measured faster),
+//   and functional_vmap's tasks put those loops on every core. In training
+//   with dropout between layers functional_vmap loops over the sets itself.
 #pragma once
 
 #include <array>
@@ -454,6 +455,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_batched(const Impl& m, 
   }
   return {output, h, c};
 }
+
+// The same as recurrent_batched, each set through libtorch's own forward in turn.
+template <class Impl>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_per_set(const Impl& m, const AnyTensorDict& p,
+                                                                 const at::Tensor& input, const at::Tensor& h0,
+                                                                 const at::Tensor& c0) {
+  std::vector<at::Tensor> outputs, h, c;
+  for (std::int64_t s = 0; s < input.size(0); ++s) {
+    const AnyTensorDict own = p[s];
+    if constexpr (std::is_same_v<Impl, torch::nn::LSTMImpl>) {
+      using state = functional<torch::nn::LSTMImpl>::state;
+      auto [y, hc] = functional<Impl>::forward(m, own, input[s], h0.defined() ? std::optional<state>(state{h0[s], c0[s]})
+                                                                              : std::nullopt);
+      outputs.push_back(y);
+      h.push_back(std::get<0>(hc));
+      c.push_back(std::get<1>(hc));
+    } else {
+      auto [y, h_n] = functional<Impl>::forward(m, own, input[s], h0.defined() ? h0[s] : at::Tensor());
+      outputs.push_back(y);
+      h.push_back(h_n);
+    }
+  }
+  return {at::stack(outputs), at::stack(h), c.empty() ? at::Tensor() : at::stack(c)};
+}
 }  // namespace detail
 
 // The batched forms of the run-time layout types: forward(module, stacked
@@ -465,13 +490,19 @@ template <class Impl>
 struct batched<Impl> {
   static constexpr bool is_batched = true;
   static bool supports(const Impl& m) {
-    if (m.is_training() && m.options_base.dropout() > 0) return false;  // dropout between layers draws per set
-    // Where libtorch's own forward is one fused kernel, a loop of it beats this
-    // decomposition (libtorch 2.6, oneDNN, 8 LSTMs 32-128x2 on 50x32: loop
-    // 40.7 ms, lowered 62.3 ms; 1.13: loop 100.6 ms, lowered 91.2 ms).
+    return !(m.is_training() && m.options_base.dropout() > 0);  // dropout between layers draws per set
+  }
+  // Where libtorch's own forward is one fused kernel (oneDNN's on libtorch 2.x's CPU, cuDNN's), the
+  // sets go through it one at a time, as the members' own forwards do: the decomposition measured
+  // slower than that kernel (libtorch 2.6, oneDNN, 8 LSTMs 32-128x2 on 50x32: per set 40.7 ms,
+  // decomposed 62.3 ms; 1.13 has no such kernel: 100.6 / 91.2 ms). functional_vmap's parallel tasks
+  // run such loops on every core: oneDNN's RNN gave the same values and gradients, to the last bit,
+  // with two threads calling it at once (8 LSTMs of 4 shapes, forward and backward, 30 rounds),
+  // which its convolution did not (functional_vmap.hpp).
+  static bool per_set(const Impl& m) {
     const auto own = m.parameters();
     const bool cuda = !own.empty() && own.front().is_cuda();
-    return !::tensordict::detail::compat::fused_recurrent_kernel(cuda, at::hasMKLDNN() && at::globalContext().userEnabledMkldnn());
+    return ::tensordict::detail::compat::fused_recurrent_kernel(cuda, at::hasMKLDNN() && at::globalContext().userEnabledMkldnn());
   }
 
   template <class... Inputs>
@@ -490,7 +521,8 @@ struct batched<Impl> {
         h0 = detail::with_sets(state, mapped[1], ctx.sets);
       }
     }
-    auto [output, h, c] = detail::recurrent_batched(m, p, input, h0, c0);
+    auto [output, h, c] = per_set(m) ? detail::recurrent_per_set(m, p, input, h0, c0)
+                                     : detail::recurrent_batched(m, p, input, h0, c0);
     if constexpr (std::is_same_v<Impl, torch::nn::LSTMImpl>)
       return std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>>{output, {h, c}};
     else
