@@ -918,4 +918,18 @@ TEST_CASE("lowering_of: whether a module lowers, and which child does not and wh
   CHECK_THAT(bn.reason, Contains("does not support its options"));
   training->eval();
   CHECK(tdn::lowering_of(training));
+
+  // Batched forms of a tuple of inputs (a state, a second input) lower a module called by itself.
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(3, 4).num_layers(2).dropout(0.5));
+  lstm->eval();
+  CHECK(tdn::lowering_of(lstm));
+  STATIC_REQUIRE(tdn::fully_lowered<torch::nn::LSTMImpl>());
+  STATIC_REQUIRE(tdn::fully_lowered<torch::nn::LSTMCellImpl>());
+  STATIC_REQUIRE(!tdn::fully_lowered<torch::nn::LSTMCellImpl, true>());  // its (h, c) is no Sequential's chained tensor
+  CHECK(tdn::lowering_of(torch::nn::LSTMCell(3, 4)));
+  CHECK(tdn::lowering_of(torch::nn::GRU(torch::nn::GRUOptions(3, 4))));
+  lstm->train();  // dropout between layers draws per set
+  const auto dropout = tdn::lowering_of(lstm);
+  CHECK_FALSE(dropout);
+  CHECK_THAT(dropout.reason, Contains("LSTMImpl's batched form does not support its options"));
 }

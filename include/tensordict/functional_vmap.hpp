@@ -644,15 +644,23 @@ inline std::string joined_path(const std::string& parent, const std::string& chi
   return parent.empty() ? child : parent + "." + child;
 }
 
+// A Sequential's child lowers by a batched form of one tensor (chained: its
+// input is the previous child's output); a module called by itself by any.
 template <class Impl>
-lowering typed_lowering(Impl& m, const std::string& path) {
+lowering typed_lowering(Impl& m, const std::string& path, bool chained = false) {
   if constexpr (requires { typename Impl::is_sequential; }) {
     lowering out;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((out.lowers ? (void)(out = typed_lowering(*m.template child<I>(), joined_path(path, std::to_string(I)))) : (void)0), ...);
+      ((out.lowers ? (void)(out = typed_lowering(*m.template child<I>(), joined_path(path, std::to_string(I)), true))
+                   : (void)0),
+       ...);
     }(std::make_index_sequence<Impl::size()>{});
     return out;
-  } else if constexpr (has_stacked_form<Impl>) {
+  } else if constexpr (has_batched_form<Impl>) {
+    if constexpr (!has_stacked_form<Impl>)
+      if (chained)
+        return {false, path, c10::demangle(typeid(Impl).name()) + "'s batched form takes its inputs as a tuple (a state, a " +
+                                 "second input), not a Sequential's chained tensor (functional_vmap runs it through vmap)"};
     if constexpr (requires { batched<Impl>::supports(m); })
       if (!batched<Impl>::supports(m))
         return {false, path, c10::demangle(typeid(Impl).name()) + "'s batched form does not support its options (" +

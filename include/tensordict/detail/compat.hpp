@@ -47,10 +47,10 @@ std::int64_t as_int(const Int& value) {
   else return value.expect_int();
 }
 
-// Whether libtorch's own RNN/LSTM/GRU forward is one fused kernel for
-// tensors on CUDA (cuDNN) or, with oneDNN enabled, on the CPU: from libtorch
-// 2.0 (1.13 steps the cell op by op there).
-inline bool fused_recurrent_kernel(bool cuda, bool mkldnn_enabled) { return cuda || (torch_major >= 2 && mkldnn_enabled); }
+// Whether libtorch's own RNN/LSTM/GRU forward is one fused kernel: on CUDA
+// (cuDNN), and from libtorch 2.0 an LSTM that oneDNN takes on the CPU
+// (2.6's GRU and RNN step op by op there, as 1.13 steps every one).
+inline bool fused_recurrent_kernel(bool cuda, bool onednn_lstm) { return cuda || (torch_major >= 2 && onednn_lstm); }
 
 }  // namespace tensordict::detail::compat
 

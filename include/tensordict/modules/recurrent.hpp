@@ -13,8 +13,8 @@
 //   Their batched forms run every set at once: one GEMM for the input
 //   projections of all sets and time steps ([sets, T*B, in] x [sets, in,
 //   gates]), then one bmm per time step for the recurrence. Where libtorch's
-//   own forward is a fused kernel (libtorch 2.x with oneDNN on the CPU,
-//   cuDNN) they run each set through it in turn instead (measured faster),
+//   own forward is a fused kernel (an LSTM on libtorch 2.x with oneDNN on the
+//   CPU, cuDNN) they run each set through it in turn instead (measured faster),
 //   and functional_vmap's tasks put those loops on every core. In training
 //   with dropout between layers functional_vmap loops over the sets itself.
 #pragma once
@@ -492,7 +492,7 @@ struct batched<Impl> {
   static bool supports(const Impl& m) {
     return !(m.is_training() && m.options_base.dropout() > 0);  // dropout between layers draws per set
   }
-  // Where libtorch's own forward is one fused kernel (oneDNN's on libtorch 2.x's CPU, cuDNN's), the
+  // Where libtorch's own forward is one fused kernel (oneDNN's LSTM on libtorch 2.x's CPU, cuDNN's), the
   // sets go through it one at a time, as the members' own forwards do: the decomposition measured
   // slower than that kernel (libtorch 2.6, oneDNN, 8 LSTMs 32-128x2 on 50x32: per set 40.7 ms,
   // decomposed 62.3 ms; 1.13 has no such kernel: 100.6 / 91.2 ms). functional_vmap's parallel tasks
@@ -501,8 +501,12 @@ struct batched<Impl> {
   // which its convolution did not (functional_vmap.hpp).
   static bool per_set(const Impl& m) {
     const auto own = m.parameters();
-    const bool cuda = !own.empty() && own.front().is_cuda();
-    return ::tensordict::detail::compat::fused_recurrent_kernel(cuda, at::hasMKLDNN() && at::globalContext().userEnabledMkldnn());
+    if (own.empty()) return false;
+    bool onednn_lstm = false;  // as libtorch's use_mkldnn: float32 or bfloat16, no projections
+    if constexpr (std::is_same_v<Impl, torch::nn::LSTMImpl>)
+      onednn_lstm = at::hasMKLDNN() && at::globalContext().userEnabledMkldnn() && m.options_base.proj_size() == 0 &&
+                    (own.front().scalar_type() == at::kFloat || own.front().scalar_type() == at::kBFloat16);
+    return ::tensordict::detail::compat::fused_recurrent_kernel(own.front().is_cuda(), onednn_lstm);
   }
 
   template <class... Inputs>

@@ -228,15 +228,20 @@ struct batched<SequentialImpl<Holders...>> {
 };
 
 // Whether every module of the type has a batched form (each is then used
-// when its options allow: Conv2d with zero padding, BatchNorm in eval, ...).
-template <class Impl>
+// when its options allow: Conv2d with zero padding, BatchNorm in eval, ...):
+// a Sequential's children one of one tensor (Chained), a module called by
+// itself any (an LSTM's takes its input and state).
+template <class Impl, bool Chained = false>
 constexpr bool fully_lowered() {
   if constexpr (requires { typename Impl::is_sequential; }) {
     return []<std::size_t... I>(std::index_sequence<I...>) {
-      return (fully_lowered<impl_of_t<std::remove_cvref_t<decltype(std::declval<Impl&>().template child<I>())>>>() && ...);
+      return (fully_lowered<impl_of_t<std::remove_cvref_t<decltype(std::declval<Impl&>().template child<I>())>>, true>() &&
+              ...);
     }(std::make_index_sequence<Impl::size()>{});
-  } else {
+  } else if constexpr (Chained) {
     return has_stacked_form<Impl>;
+  } else {
+    return has_batched_form<Impl>;
   }
 }
 
