@@ -344,6 +344,8 @@ int main(int argc, char** argv) {
   std::printf("libtorch %s, compiler %s\n", TORCH_VERSION, __VERSION__);
   std::printf("BLAS: %s, 1 BLAS thread per intra-op thread\n", bench::blas_in_use().c_str());
 
+  // Kept first: OpenBLAS 0.3.29 (Debian 13) ran every later 256^3 sgemm at a third of its speed
+  // (3.4 ms, not 1.0) in a process whose first GEMM was a small one.
   at::set_num_threads(1);
   const double peak_1t = mm_gflops(1, 1.0);
   at::set_num_threads(most_threads);

@@ -144,8 +144,19 @@ def compiled_variants(name, base, params, x, target):
         print(f"python compiled-grad-step {name} threads={threads}: n/a ({str(e).splitlines()[0]})")
 
 
+def mm_gflops():
+    """at::mm 512x512's rate on one thread, as bench/ensemble prints it. Also the process's first GEMM:
+    OpenBLAS 0.3.29 (Debian 13) ran every later 256^3 sgemm at a third of its speed (3.4 ms, not 1.0)
+    where the first GEMM of the process was a small one, as here it would otherwise be."""
+    torch.set_num_threads(1)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    seconds = per_call(lambda: torch.mm(a, b), budget=0.3)
+    return 2 * 512 ** 3 / seconds / 1e9
+
+
 def main():
     print(f"torch {torch.__version__}, tensordict {'not importable' if TensorDict is None else 'importable'}")
+    print(f"torch.mm 512x512: {mm_gflops():.1f} GFLOP/s on 1 thread")
     for threads in [int(t) for t in sys.argv[1:] if t != "--compiled"] or [1, 2]:
         torch.set_num_threads(threads)
         run_configs()
