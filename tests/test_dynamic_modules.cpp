@@ -420,6 +420,12 @@ TEST_CASE("recurrent functional_vmap: lowered equals the members' own forwards, 
       grus.emplace_back(torch::nn::GRUOptions(3, 4).num_layers(2));
       rnns.emplace_back(torch::nn::RNNOptions(3, 4).nonlinearity(torch::kReLU).bias(false));
     }
+    // libtorch's own CPU GRU and RNN step op by op (no fused kernel on any libtorch, oneDNN
+    // on or off), so they take the decomposition; an LSTM runs per set where oneDNN takes it.
+    CHECK_FALSE(nn::batched<torch::nn::GRUImpl>::per_set(*grus[0]));
+    CHECK_FALSE(nn::batched<torch::nn::RNNImpl>::per_set(*rnns[0]));
+    CHECK(nn::batched<torch::nn::LSTMImpl>::per_set(*torch::nn::LSTM(torch::nn::LSTMOptions(3, 4))) ==
+          (TORCH_VERSION_MAJOR >= 2 && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn()));
     auto x = at::randn({5, 2, 3});
     auto h = at::randn({2, 2, 4});
     auto [gru_expected, gru_h] = members_forward(grus, x, h);

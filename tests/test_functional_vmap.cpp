@@ -512,6 +512,17 @@ TEST_CASE("functional_vmap's documented errors", "[functional_vmap]") {
   CHECK_THROWS_AS(tdn::functional_vmap(nets[0], params, tdn::args(at::randn({2, 3})), {}, {},
                                        {.randomness = randomness::same, .loop = true}),
                   value_error);
+  // A Linear's input needs its features dim in every set, as its own forward does.
+  const auto shared_scalar = [&] { return tdn::functional_vmap(nets[0], params, tdn::args(at::randn({}))); };
+  CHECK_THROWS_AS(shared_scalar(), shape_error);
+  CHECK_THROWS_WITH(shared_scalar(), Contains("f32[]") && Contains("shared by the sets"));
+  const auto mapped_scalars = [&] {
+    return tdn::functional_vmap(nets[0], params, {}, tdn::kwargs(tdn::kw<"input">(at::randn({4}))),
+                                tdn::in_dims(tdn::in_dim_of<"input">(0)));
+  };
+  CHECK_THROWS_AS(mapped_scalars(), shape_error);
+  CHECK_THROWS_WITH(mapped_scalars(), Contains("f32[4] mapped over the sets"));
+  CHECK_THROWS_AS(nets[0]->forward(at::randn({})), c10::Error);
 }
 
 TEST_CASE("dropout follows the randomness mode", "[functional_vmap]") {

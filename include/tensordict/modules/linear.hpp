@@ -23,6 +23,8 @@
 #include <torch/nn/modules/linear.h>
 
 #include "../detail/batched_gemm.hpp"
+#include "../detail/format.hpp"
+#include "../errors.hpp"
 
 namespace tensordict::nn {
 
@@ -134,8 +136,9 @@ class linear_run {
  public:
   linear_run(const stacked& x, std::int64_t sets) : x_(x), sets_(sets) {
     const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
-    TORCH_CHECK(own_dims >= 1, "Linear: each set's input needs at least 1 dim (its features); got ", x.value.sizes(),
-                x.mapped ? " mapped over the sets" : " shared by the sets");
+    if (own_dims < 1)
+      throw shape_error("tensordict::nn::functional_vmap: a Linear's input needs at least 1 dim per set (its features); got " +
+                        tensordict::describe(x.value) + (x.mapped ? " mapped over the sets" : " shared by the sets"));
     width_ = x.value.size(-1);
     // The common shapes need no reshape (each op costs about a microsecond here).
     flat_ = x.mapped ? (own_dims == 2 ? x.value : x.value.reshape({sets, -1, width_}))
