@@ -293,6 +293,17 @@ TEST_CASE("small Linears run on the library's own batched GEMM (AVX2): odd shape
   check_three_paths(no_bias, at::randn({11, 17}), false);
   check_three_paths(no_bias, at::randn({3, 11, 17}), true);
 
+  // 1-4 outputs (a critic's value): dot products along k, with k % 8 and the rows % tile left over.
+  for (const std::int64_t out : {1, 2, 3, 4}) {
+    auto narrow = copies<Linear>(3, [&] { return Linear(13, out); });
+    check_three_paths(narrow, at::randn({7, 13}), false);
+    check_three_paths(narrow, at::randn({3, 25, 13}), true);
+    check_three_paths(narrow, at::randn({16, 13}).t().contiguous().t(), false);  // k strided: the tiles
+  }
+  using relu_head = tdn::Sequential<Linear, torch::nn::ReLU>;
+  auto heads = copies<relu_head>(3, [] { return relu_head(Linear(16, 3), torch::nn::ReLU()); });
+  check_three_paths(heads, at::randn({9, 16}), false);
+
   auto params = trainable(from_modules(odd));
   const auto y = tdn::functional_vmap(odd[0], params, tdn::args(at::randn({7, 13})));
   if (tensordict::detail::avx2_fma_supported()) {
