@@ -2,7 +2,7 @@
 
 A check's result (exit status and diagnostics) is a function of the compiler,
 its flags, the file compiled and every header it can reach: the library's
-include/ (all of it, hashed), the precompiled header's source, and the system
+include/ (all of it, hashed), the precompiled headers' sources, and the system
 headers, which change only with their packages (the compiler's and libtorch's
 versions are hashed). With TENSORDICT_CHECK_CACHE set to a folder, run()
 returns a stored result for the same inputs instead of compiling again; CI
@@ -23,7 +23,7 @@ def _tree() -> str:
     global _tree_digest
     if _tree_digest is None:
         h = hashlib.sha256()
-        for top in (os.path.join(_ROOT, "include"), os.path.join(_HERE, "compile_fail")):
+        for top in (os.path.join(_ROOT, "include"), os.path.join(_HERE, "compile_fail"), os.path.join(_HERE, "pch")):
             for folder, dirs, files in os.walk(top):
                 dirs.sort()
                 for name in sorted(files):
