@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -61,43 +62,76 @@ std::vector<Holder> three(Holder m) {
   return {m, m, m};  // a module without tensors: the sets differ only in their inputs
 }
 
+// What check_type compares, computed by the typed calls of run_type: the
+// comparisons are not templates, so the Catch2 assertions are compiled once,
+// not once per module type (this file compiled in 159 s at -O0 with them in
+// the template).
+struct type_results {
+  at::Tensor own, own_grad, call, call_grad;
+  bool lowered = false, dynamic_lowered = false;
+  at::Tensor shared, mapped, mapped_grad;
+  std::vector<at::Tensor> each, each_grad;  // each set's own forward of its input, and its gradient
+  at::Tensor dynamic_call;
+};
+
+template <class Holder>
+type_results run_type(Holder m, const at::Tensor& x) {
+  type_results r;
+  const auto params = from_module(m);
+  const at::Tensor a = x.clone().requires_grad_(), b = x.clone().requires_grad_();
+  r.own = m->forward(a);
+  r.call = functional_call(m, params, b);
+  r.own.pow(2).sum().backward();
+  r.call.pow(2).sum().backward();
+  r.own_grad = a.grad();
+  r.call_grad = b.grad();
+
+  r.lowered = static_cast<bool>(tdn::lowering_of(m));
+  auto members = three(m);
+  const auto stacked = from_modules(members);
+  r.shared = tdn::functional_vmap(m, stacked, tdn::args(x));
+  const at::Tensor per_set = at::stack({x, x * 0.5 + 0.1, x.flip(-1)}).requires_grad_();
+  r.mapped = tdn::functional_vmap(m, stacked, {}, tdn::kwargs(tdn::kw<"input">(per_set)),
+                                  tdn::in_dims(tdn::in_dim_of<"input">(0)));
+  r.mapped.pow(2).sum().backward();
+  r.mapped_grad = per_set.grad();
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor xi = per_set[i].detach().requires_grad_();
+    r.each.push_back(m->forward(xi));
+    r.each.back().pow(2).sum().backward();
+    r.each_grad.push_back(xi.grad());
+  }
+
+  torch::nn::Sequential dynamic;
+  dynamic->push_back(m);
+  r.dynamic_call = functional_call(dynamic, from_module(dynamic), x);
+  r.dynamic_lowered = static_cast<bool>(tdn::lowering_of(dynamic));
+  return r;
+}
+
+void compare_type(const std::string& type, const at::Tensor& x, bool lowers, const std::function<type_results()>& run) {
+  INFO(type << " on " << x.sizes());
+  const type_results r = run();
+  REQUIRE(r.call.allclose(r.own, 1e-5, 1e-6));
+  CHECK(r.call_grad.allclose(r.own_grad, 1e-5, 1e-6));
+  CHECK(r.lowered == lowers);
+  REQUIRE(r.shared.size(0) == 3);
+  for (int i = 0; i < 3; ++i) CHECK(r.shared[i].allclose(r.own, 1e-5, 1e-6));
+  for (int i = 0; i < 3; ++i) {
+    CHECK(r.mapped[i].allclose(r.each[i], 1e-5, 1e-6));
+    CHECK(r.mapped_grad[i].allclose(r.each_grad[i], 1e-4, 1e-5));
+  }
+  CHECK(r.dynamic_call.allclose(r.own, 1e-5, 1e-6));
+  CHECK(r.dynamic_lowered == lowers);
+}
+
 // functional_call equals the module's forward (values and the gradient to
 // the input); functional_vmap equals each set's forward, the input shared
 // and per set (and its gradient); lowered where `lowers`; a run-time
 // Sequential holding the module computes and lowers alike.
 template <class Holder>
 void check_type(Holder m, const at::Tensor& x, bool lowers = true) {
-  INFO(c10::demangle(typeid(*m).name()) << " on " << x.sizes());
-  const auto params = from_module(m);
-  const at::Tensor a = x.clone().requires_grad_(), b = x.clone().requires_grad_();
-  const at::Tensor own = m->forward(a), call = functional_call(m, params, b);
-  REQUIRE(call.allclose(own, 1e-5, 1e-6));
-  own.pow(2).sum().backward();
-  call.pow(2).sum().backward();
-  CHECK(b.grad().allclose(a.grad(), 1e-5, 1e-6));
-
-  CHECK(static_cast<bool>(tdn::lowering_of(m)) == lowers);
-  auto members = three(m);
-  const auto stacked = from_modules(members);
-  const at::Tensor shared = tdn::functional_vmap(m, stacked, tdn::args(x));
-  REQUIRE(shared.size(0) == 3);
-  for (int i = 0; i < 3; ++i) CHECK(shared[i].allclose(own, 1e-5, 1e-6));
-  const at::Tensor per_set = at::stack({x, x * 0.5 + 0.1, x.flip(-1)}).requires_grad_();
-  const at::Tensor mapped = tdn::functional_vmap(m, stacked, {}, tdn::kwargs(tdn::kw<"input">(per_set)),
-                                                 tdn::in_dims(tdn::in_dim_of<"input">(0)));
-  mapped.pow(2).sum().backward();
-  for (int i = 0; i < 3; ++i) {
-    const at::Tensor xi = per_set[i].detach().requires_grad_();
-    const at::Tensor yi = m->forward(xi);
-    CHECK(mapped[i].allclose(yi, 1e-5, 1e-6));
-    yi.pow(2).sum().backward();
-    CHECK(per_set.grad()[i].allclose(xi.grad(), 1e-4, 1e-5));
-  }
-
-  torch::nn::Sequential dynamic;
-  dynamic->push_back(m);
-  CHECK(functional_call(dynamic, from_module(dynamic), x).allclose(own, 1e-5, 1e-6));
-  CHECK(static_cast<bool>(tdn::lowering_of(dynamic)) == lowers);
+  compare_type(c10::demangle(typeid(*m).name()), x, lowers, [&] { return run_type(m, x); });
 }
 
 }  // namespace
