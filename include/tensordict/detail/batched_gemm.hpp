@@ -59,6 +59,11 @@ inline bool applies(std::int64_t m, std::int64_t n, std::int64_t k, std::initial
 }
 
 #if TENSORDICT_X86_KERNELS
+// The mask of a maskload or maskstore that keeps the first `count` (0 to 8) of 8 lanes.
+__attribute__((target("avx2"))) inline __m256i first_lanes(std::int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // The tile c[6 x 8V] (row stride ldc; its first `rows` rows and `cols` columns
 // are stored) = a's rows [rows x k] (strides a_row, a_col) times the packed
 // panel b[k x ldb], + bias[8V]. a is read where it lies (each of its numbers
@@ -118,10 +123,9 @@ __attribute__((target("avx2,fma"))) inline void tile(const float* a, std::int64_
     return;
   }
   const __m256 row_tiles[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int v = 0; v < V; ++v) {
     const std::int64_t left = std::clamp<std::int64_t>(cols - 8 * v, 0, 8);
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lanes);
+    const __m256i mask = first_lanes(left);
     for (std::int64_t r = 0; r < rows; ++r) {
       const __m256 value = row_tiles[r][v];
       if (left == 8)
@@ -197,11 +201,9 @@ __attribute__((target("avx2,fma"))) inline void dot_tile(const float* a, std::in
 #pragma GCC unroll 4
     for (int j = 0; j < N; ++j) acc[r][j] = _mm256_setzero_ps();
   // The last k % 8 products load zeros past k.
-  const std::int64_t whole = k / 8 * 8;
-  const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k - whole)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  for (std::int64_t p = 0; p <= whole; p += 8) {
-    if (p == whole && p == k) break;
-    const bool last = p == whole;
+  const __m256i tail = first_lanes(k % 8);
+  for (std::int64_t p = 0; p < k; p += 8) {
+    const bool last = p + 8 > k;
     __m256 bv[N];
 #pragma GCC unroll 4
     for (int j = 0; j < N; ++j) bv[j] = last ? _mm256_maskload_ps(bc[j] + p, tail) : _mm256_loadu_ps(bc[j] + p);
