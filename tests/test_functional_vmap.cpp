@@ -4,7 +4,9 @@
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 #include <typeinfo>
 
 #include <ATen/TensorOperators.h>
@@ -65,50 +67,74 @@ std::int64_t wide_feed_forward_batch() {
   return tensordict::detail::core_cache_bytes() / static_cast<std::int64_t>(2 * 64 * sizeof(float)) / 2 + 1;
 }
 
-// The lowered path, vmap of the functional call, and the loop agree in values
-// and gradients (without vmap where libtorch cannot vmap the module's forward:
-// 1.13's multi_head_attention_forward calls at::equal, which has no batching rule).
+// What check_three_paths compares, computed by the typed calls of
+// run_three_paths: the comparisons are not templates, so the Catch2
+// assertions are compiled once, not once per module type.
+struct three_paths {
+  at::Tensor lowered, generic, looped;
+  std::vector<at::Tensor> own;  // each member's own forward
+  bool differentiable = false;
+  std::vector<at::Tensor> lowered_grads, vmap_grads, loop_grads;
+};
+
 template <class Module>
-void check_three_paths(std::vector<Module>& modules, const at::Tensor& x, bool mapped_input, bool with_vmap = true) {
+three_paths run_three_paths(std::vector<Module>& modules, const at::Tensor& x, bool mapped_input, bool with_vmap) {
+  three_paths r;
   auto stacked = from_modules(modules);
   auto lowered_params = trainable(stacked), vmap_params = trainable(stacked), loop_params = trainable(stacked);
   auto& m = modules[0];
-  at::Tensor lowered, generic, looped;
   if (mapped_input) {
     auto kw = tdn::kwargs(tdn::kw<"input">(x));
     auto dims = tdn::in_dims(tdn::in_dim_of<"input">(0));
-    lowered = tdn::functional_vmap(m, lowered_params, {}, kw, dims);
-    looped = tdn::functional_vmap(m, loop_params, {}, kw, dims, {.loop = true});
+    r.lowered = tdn::functional_vmap(m, lowered_params, {}, kw, dims);
+    r.looped = tdn::functional_vmap(m, loop_params, {}, kw, dims, {.loop = true});
     if (with_vmap)
-      generic = vmap([&](const auto& p, const at::Tensor& in) { return functional_call(m, p, in); })(vmap_params, x);
+      r.generic = vmap([&](const auto& p, const at::Tensor& in) { return functional_call(m, p, in); })(vmap_params, x);
   } else {
-    lowered = tdn::functional_vmap(m, lowered_params, tdn::args(x));
-    looped = tdn::functional_vmap(m, loop_params, tdn::args(x), {}, {}, {.loop = true});
+    r.lowered = tdn::functional_vmap(m, lowered_params, tdn::args(x));
+    r.looped = tdn::functional_vmap(m, loop_params, tdn::args(x), {}, {}, {.loop = true});
     if (with_vmap)
-      generic = vmap([&](const auto& p, const at::Tensor& in) { return functional_call(m, p, in); }, {0, std::nullopt})(
+      r.generic = vmap([&](const auto& p, const at::Tensor& in) { return functional_call(m, p, in); }, {0, std::nullopt})(
           vmap_params, x);
   }
-  if (!with_vmap) generic = looped;
-  for (std::size_t i = 0; i < modules.size(); ++i)
-    CHECK(lowered[i].allclose(modules[i]->forward(mapped_input ? x[i] : x), 1e-4, 1e-5));
-  CHECK(lowered.allclose(generic, 1e-4, 1e-5));
-  CHECK(lowered.allclose(looped, 1e-4, 1e-5));
-  if (!lowered.is_floating_point() || !lowered.requires_grad()) return;
-  lowered.pow(2).sum().backward();
-  looped.pow(2).sum().backward();
-  if (with_vmap) generic.pow(2).sum().backward();
-  auto gl = grads(lowered_params), gv = grads(with_vmap ? vmap_params : loop_params), gp = grads(loop_params);
+  if (!with_vmap) r.generic = r.looped;
+  for (std::size_t i = 0; i < modules.size(); ++i) r.own.push_back(modules[i]->forward(mapped_input ? x[i] : x));
+  r.differentiable = r.lowered.is_floating_point() && r.lowered.requires_grad();
+  if (!r.differentiable) return r;
+  r.lowered.pow(2).sum().backward();
+  r.looped.pow(2).sum().backward();
+  if (with_vmap) r.generic.pow(2).sum().backward();
+  r.lowered_grads = grads(lowered_params);
+  r.vmap_grads = grads(with_vmap ? vmap_params : loop_params);
+  r.loop_grads = grads(loop_params);
+  return r;
+}
+
+void compare_three_paths(const std::string& type, bool mapped_input, const three_paths& r) {
+  for (std::size_t i = 0; i < r.own.size(); ++i) CHECK(r.lowered[i].allclose(r.own[i], 1e-4, 1e-5));
+  CHECK(r.lowered.allclose(r.generic, 1e-4, 1e-5));
+  CHECK(r.lowered.allclose(r.looped, 1e-4, 1e-5));
+  if (!r.differentiable) return;
+  const auto &gl = r.lowered_grads, &gv = r.vmap_grads, &gp = r.loop_grads;
   REQUIRE(gl.size() == gv.size());
   for (std::size_t i = 0; i < gl.size(); ++i) {
     // Float sums in another order: the absolute error grows with the gradient's size (a transformer layer's bias
     // gradient reached 3001 here, its elements differing by up to 0.004 between the paths).
     const double largest = gp[i].abs().max().item().toDouble(), atol = 1e-5 * std::max(1.0, largest);
-    INFO(typeid(Module).name() << " mapped " << mapped_input << " leaf " << i << " " << gl[i].sizes() << " largest "
-         << largest << ", lowered - loop " << (gl[i] - gp[i]).abs().max().item().toDouble() << ", lowered - vmap "
-         << (gl[i] - gv[i]).abs().max().item().toDouble());
+    INFO(type << " mapped " << mapped_input << " leaf " << i << " " << gl[i].sizes() << " largest " << largest
+              << ", lowered - loop " << (gl[i] - gp[i]).abs().max().item().toDouble() << ", lowered - vmap "
+              << (gl[i] - gv[i]).abs().max().item().toDouble());
     CHECK(gl[i].allclose(gv[i], 1e-4, atol));
     CHECK(gl[i].allclose(gp[i], 1e-4, atol));
   }
+}
+
+// The lowered path, vmap of the functional call, and the loop agree in values
+// and gradients (without vmap where libtorch cannot vmap the module's forward:
+// 1.13's multi_head_attention_forward calls at::equal, which has no batching rule).
+template <class Module>
+void check_three_paths(std::vector<Module>& modules, const at::Tensor& x, bool mapped_input, bool with_vmap = true) {
+  compare_three_paths(typeid(Module).name(), mapped_input, run_three_paths(modules, x, mapped_input, with_vmap));
 }
 }  // namespace
 
