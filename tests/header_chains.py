@@ -16,7 +16,7 @@ of tests/pch/self_contained_module.hpp may be precompiled and put before each
 listed header's test (module) or not (none). A header is checked alone only if
 nothing it does not include itself comes first, so a header's test takes them
 only if every header of its chain above the first one that does not include
-them (through library headers) does; that one (errors.hpp, vmap.hpp) is listed
+them (through library headers) does; that one (vmap.hpp, any_tensordict.hpp) is listed
 too, with none, and its own test covers the rest of the chain.
 """
 import pathlib
@@ -24,16 +24,14 @@ import re
 import sys
 
 
-def first_include(path):
-    for line in path.read_text().splitlines():
-        m = re.match(r'\s*#\s*include\s*([<"])([^>"]+)[>"]', line)
-        if m:
-            return (path.parent / m.group(2)).resolve() if m.group(1) == '"' else None
-    return None
-
-
 def includes(path):
+    """(delimiter, name) of each #include line of `path`, in order."""
     return [(m.group(1), m.group(2)) for m in re.finditer(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', path.read_text(), re.M)]
+
+
+def first_include(path):
+    found = includes(path)
+    return (path.parent / found[0][1]).resolve() if found and found[0][0] == '"' else None
 
 
 def outside_includes(path, top, seen=None):
