@@ -524,10 +524,13 @@ TEST_CASE("the fused LSTM step: equals libtorch's ops in values, NaN, gradients 
       INFO(name);
       CHECK(at::allclose(params.get(name).grad(), at::stack(own), 1e-4, 1e-5));
     }
+    // Without grad, against the members' own forwards without grad: libtorch 2.6's oneDNN LSTM
+    // has an inference kernel of its own, which on AVX-512 CPUs differs from its training
+    // kernel by up to ~0.08 (and from a float64 LSTM; ONEDNN_MAX_CPU_ISA=AVX2 makes them agree).
     at::NoGradGuard no_grad;
     auto [inference, inference_state] = nn::batched<torch::nn::LSTMImpl>::forward(
         *members[0], params, std::make_tuple(x), std::array<bool, 1>{false}, {.sets = 3});
-    CHECK(at::allclose(inference, expected, 1e-5, 1e-6));
+    CHECK(at::allclose(inference, std::get<0>(members_forward(members, x)), 1e-5, 1e-6));
   }
 }
 
