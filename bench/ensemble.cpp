@@ -11,6 +11,9 @@
 //   build/bench/bench_ensemble [seconds per variant] [most threads, default 2]
 // SETS_PER_TASK=n in the environment sets functional_vmap's sets_per_task;
 // ONLY=text runs the configs whose name contains text (ONLY=cnn).
+// AOTI_PACKAGES=dir (libtorch >= 2.6) adds, for the MLP configs' forward, an
+// AOTInductor package of the vmapped functional_call run from C++: dir/a.pt2
+// (b, c), written by `python3 bench/python/ensemble.py --aoti dir`.
 
 #include <algorithm>
 #include <array>
@@ -22,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -41,6 +45,11 @@
 #include <tensordict/tensordict.hpp>
 
 #include "blas_settings.hpp"
+
+#if __has_include(<torch/csrc/inductor/aoti_package/model_package_loader.h>)
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#define BENCH_HAS_AOTI 1
+#endif
 
 namespace td = tensordict;
 namespace tdn = tensordict::nn;
@@ -106,8 +115,8 @@ double mm_gflops(int threads, double budget) {
   return threads * 2.0 * 512 * 512 * 512 / t / 1e9;
 }
 
-enum variant { loop, slices, vmapped, lowered, hand, n_variants };
-const char* const variant_names[] = {"loop", "slices", "vmap", "lowered", "handwritten"};
+enum variant { loop, slices, vmapped, lowered, hand, aoti, n_variants };
+const char* const variant_names[] = {"loop", "slices", "vmap", "lowered", "handwritten", "aoti"};
 
 struct row {
   std::string config, mode;
@@ -196,17 +205,21 @@ std::vector<at::Tensor> parameters_of(auto& members) {
 void time_config(const char* name, int threads, const std::array<double, 2>& flops, std::vector<at::Tensor> own,
                  std::vector<at::Tensor> stacked, const at::Tensor& target,
                  std::array<std::function<at::Tensor()>, n_variants> forwards, double budget, std::vector<row>& rows) {
-  {
-    at::NoGradGuard no_grad;
-    const at::Tensor reference = forwards[lowered]();
-    for (std::size_t v = 0; v < n_variants; ++v)
-      TORCH_CHECK(!forwards[v] || reference.allclose(forwards[v](), 1e-4, 1e-5), "bench/ensemble: ", name, ": lowered and ",
-                  variant_names[v], " disagree");
+  // With grad, as a training step calls them: without, libtorch 2.6's oneDNN LSTM runs an inference
+  // kernel whose values differ from the training kernel's on CPUs with AVX-512 (README).
+  const at::Tensor reference = forwards[lowered]().detach();
+  for (std::size_t v = 0; v < n_variants; ++v) {
+    if (!forwards[v]) continue;
+    std::optional<at::NoGradGuard> no_grad;
+    if (v == aoti) no_grad.emplace();  // a forward without autograd
+    TORCH_CHECK(reference.allclose(forwards[v]().detach(), 1e-4, 1e-5), "bench/ensemble: ", name, ": lowered and ",
+                variant_names[v], " disagree");
   }
   for (const bool train : {false, true}) {
     std::array<std::function<void()>, n_variants> steps;
     for (std::size_t v = 0; v < n_variants; ++v)
-      if (forwards[v]) steps[v] = step(forwards[v], train, target, v == loop ? own : stacked);
+      if (forwards[v] && !(train && v == aoti))  // an AOTInductor package is a forward without autograd
+        steps[v] = step(forwards[v], train, target, v == loop ? own : stacked);
     rows.push_back({name, train ? "train" : "fwd", threads, flops[train], time_variants(steps, budget), ops_of(steps[lowered])});
   }
 }
@@ -299,6 +312,27 @@ void cnn_ensemble(int threads, double budget, std::vector<row>& rows) {
               budget, rows);
 }
 
+// AOTI_PACKAGES' package for an MLP config (dir/a.pt2 for "a:..."), loaded once; an empty
+// function where none is asked for or the libtorch has no AOTInductor loader.
+std::function<at::Tensor()> aoti_forward([[maybe_unused]] const config& c, [[maybe_unused]] const params_t& p,
+                                         [[maybe_unused]] const at::Tensor& x) {
+  const char* dir = std::getenv("AOTI_PACKAGES");
+  if (!dir) return {};
+#ifdef BENCH_HAS_AOTI
+  static std::map<std::string, std::shared_ptr<torch::inductor::AOTIModelPackageLoader>> loaded;
+  const std::string path = std::string(dir) + "/" + std::string(c.name).substr(0, std::string(c.name).find(':')) + ".pt2";
+  auto& loader = loaded[path];
+  if (!loader) loader = std::make_shared<torch::inductor::AOTIModelPackageLoader>(path);
+  // The package's inputs: the stacked params in named_parameters order, then the input.
+  const std::vector<at::Tensor> inputs{p.get<"0", "weight">(), p.get<"0", "bias">(), p.get<"2", "weight">(),
+                                       p.get<"2", "bias">(), p.get<"4", "weight">(), p.get<"4", "bias">(), x};
+  return [loader, inputs]() mutable { return loader->run(inputs).at(0); };
+#else
+  std::fprintf(stderr, "AOTI_PACKAGES: libtorch %s has no AOTInductor package loader; not run\n", TORCH_VERSION);
+  return {};
+#endif
+}
+
 void mlp_ensemble(const config& c, int threads, double budget, std::vector<row>& rows) {
   std::vector<mlp> members;
   for (int i = 0; i < c.members; ++i)
@@ -325,7 +359,7 @@ void mlp_ensemble(const config& c, int threads, double budget, std::vector<row>&
                [&] {
                  return tdn::functional_vmap(shape, params, tdn::args(x), {}, {}, vmap_options());
                },
-               [&] { return handwritten(params, x); }},
+               [&] { return handwritten(params, x); }, aoti_forward(c, params, x)},
               budget, rows);
 }
 
@@ -371,8 +405,8 @@ int main(int argc, char** argv) {
       if (wanted(c.name)) mlp_ensemble(c, threads, budget, rows);
   }
 
-  std::printf("%-30s %-5s %3s %10s %10s %10s %10s %10s  (us per call)\n", "config", "mode", "thr", "loop", "slices", "vmap",
-              "lowered", "handwritten");
+  std::printf("%-30s %-5s %3s %10s %10s %10s %10s %10s %10s  (us per call)\n", "config", "mode", "thr", "loop", "slices",
+              "vmap", "lowered", "handwritten", "aoti");
   std::map<std::pair<std::string, std::string>, double> lowered_1t;
   for (const auto& r : rows) {
     std::printf("%-30s %-5s %3d", r.config.c_str(), r.mode.c_str(), r.threads);
@@ -388,9 +422,10 @@ int main(int argc, char** argv) {
     const auto key = std::make_pair(r.config, r.mode);
     std::printf(
         "ensemble %s %s threads=%d lowered/handwritten=%s loop/lowered=%s vmap/lowered=%s slices/lowered=%s "
-        "speedup_%dt=%s gflops=%.1f peak_1t=%.1f peak_%dt=%.1f ops=%lld us_per_op=%.2f\n",
+        "aoti/lowered=%s speedup_%dt=%s gflops=%.1f peak_1t=%.1f peak_%dt=%.1f ops=%lld us_per_op=%.2f\n",
         r.config.c_str(), r.mode.c_str(), r.threads, ratio(t[lowered] / t[hand]).c_str(), ratio(t[loop] / t[lowered]).c_str(),
-        ratio(t[vmapped] / t[lowered]).c_str(), ratio(t[slices] / t[lowered]).c_str(), most_threads,
+        ratio(t[vmapped] / t[lowered]).c_str(), ratio(t[slices] / t[lowered]).c_str(),
+        ratio(t[aoti] / t[lowered]).c_str(), most_threads,
         ratio(lowered_1t[key] / lowered_most[key]).c_str(), r.flops / t[lowered] / 1e9, peak_1t, most_threads, peak_all,
         static_cast<long long>(r.lowered_ops), t[lowered] * 1e6 / static_cast<double>(std::max<std::int64_t>(1, r.lowered_ops)));
   }

@@ -4,6 +4,7 @@ and, where the tensordict package is importable (it is not a Debian package),
 tensordict's way: torch.vmap over TensorDict.to_module of the stacked params.
 
 Run with Debian's python3-torch: python3 bench/python/ensemble.py [--compiled] [threads...]
+or: python3 bench/python/ensemble.py --aoti DIR
 Prints microseconds per call for a forward and a training step (forward,
 backward, SGD on the stacked parameters) at 1 and 2 intra-op threads (or the
 ones given); then 8 LSTMs and 8 two-layer transformer encoders, as
@@ -12,7 +13,11 @@ the MLP configs, torch.compile of the vmapped functional_call (forward and
 training step) and a training step compiled as one graph: torch.func.grad of
 the loss and the SGD update (the first call of each compiles: seconds, not
 counted). ONLY=text in the environment runs the configs whose name contains
-text, as bench/ensemble. Runs itself again with the C++ bench's settings (one BLAS
+text, as bench/ensemble. --aoti DIR (torch >= 2.6, a C++ compiler) times nothing:
+it writes an AOTInductor package per MLP config, DIR/a.pt2 (b, c), of the
+vmapped functional_call with the stacked params and the input as its inputs
+(in named_parameters order, then the input), for bench/ensemble to run from
+C++ (AOTI_PACKAGES=DIR build/bench/bench_ensemble). Runs itself again with the C++ bench's settings (one BLAS
 thread, glibc keeps freed memory, OpenBLAS's kernels for this CPU).
 """
 import copy
@@ -144,6 +149,41 @@ def compiled_variants(name, base, params, x, target):
         print(f"python compiled-grad-step {name} threads={threads}: n/a ({str(e).splitlines()[0]})")
 
 
+def aoti_packages(directory):
+    """An AOTInductor package of each MLP config's vmapped functional_call. torch.export of the vmapped
+    call fails on torch 2.6 (vmap's functorch transforms are not traceable by dynamo), so make_fx
+    traces it to aten ops first and torch.export takes that graph."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    os.makedirs(directory, exist_ok=True)
+    for name, members, n_in, hidden, n_out, batch in CONFIGS:
+        if ONLY not in name:
+            continue
+        nets = [mlp(n_in, hidden, n_out) for _ in range(members)]
+        base = copy.deepcopy(nets[0])
+        keys = [k for k, _ in base.named_parameters()]
+        ensemble = vmap(lambda p, inp: functional_call(base, p, (inp,)), in_dims=(0, None))
+
+        def flat(*tensors):
+            return ensemble(dict(zip(keys, tensors[:-1])), tensors[-1])
+        inputs = tuple(torch.stack([dict(n.named_parameters())[k].detach() for n in nets]) for k in keys)
+        inputs += (torch.randn(batch, n_in),)
+        with torch.no_grad():
+            program = torch.export.export(make_fx(flat)(*inputs), inputs)
+            path = os.path.join(directory, name.split(":")[0] + ".pt2")
+            start = time.perf_counter()
+            torch._inductor.aoti_compile_and_package(program, package_path=path)
+            check = torch._inductor.aoti_load_package(path)(*inputs)
+            if isinstance(check, (list, tuple)):
+                check = check[0]
+            assert torch.allclose(check, flat(*inputs), rtol=1e-4, atol=1e-5), f"{name}: the package disagrees"
+        print(f"aoti {name}: {path} ({time.perf_counter() - start:.1f} s to build and load)")
+
+
+def mlp(n_in, hidden, n_out):
+    return torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.ReLU(), torch.nn.Linear(hidden, n_out))
+
+
 def mm_gflops():
     """at::mm 512x512's rate on one thread, as bench/ensemble prints it. Also the process's first GEMM:
     OpenBLAS 0.3.29 (Debian 13) ran every later 256^3 sgemm at a third of its speed (3.4 ms, not 1.0)
@@ -156,6 +196,9 @@ def mm_gflops():
 
 def main():
     print(f"torch {torch.__version__}, tensordict {'not importable' if TensorDict is None else 'importable'}")
+    if "--aoti" in sys.argv[1:]:
+        aoti_packages(sys.argv[sys.argv.index("--aoti") + 1])
+        return
     print(f"torch.mm 512x512: {mm_gflops():.1f} GFLOP/s on 1 thread")
     for threads in [int(t) for t in sys.argv[1:] if t != "--compiled"] or [1, 2]:
         torch.set_num_threads(threads)
@@ -169,8 +212,7 @@ def run_configs():
     for name, members, n_in, hidden, n_out, batch in CONFIGS:
         if ONLY not in name:
             continue
-        nets = [torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
-                                    torch.nn.ReLU(), torch.nn.Linear(hidden, n_out)) for _ in range(members)]
+        nets = [mlp(n_in, hidden, n_out) for _ in range(members)]
         params = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets]).requires_grad_()
                   for k, _ in nets[0].named_parameters()}
         base = copy.deepcopy(nets[0])
