@@ -17,8 +17,9 @@ text, as bench/ensemble. --aoti DIR (torch >= 2.6, a C++ compiler) times nothing
 it writes an AOTInductor package per MLP config, DIR/a.pt2 (b, c), of the
 vmapped functional_call with the stacked params and the input as its inputs
 (in named_parameters order, then the input), for bench/ensemble to run from
-C++ (AOTI_PACKAGES=DIR build/bench/bench_ensemble). Runs itself again with the C++ bench's settings (one BLAS
-thread, glibc keeps freed memory, OpenBLAS's kernels for this CPU).
+C++ (AOTI_PACKAGES=DIR build/bench/bench_ensemble). Runs itself again with the
+C++ bench's settings (one BLAS thread, glibc keeps freed memory, OpenBLAS's
+kernels for this CPU).
 """
 import copy
 import os
@@ -151,8 +152,9 @@ def compiled_variants(name, base, params, x, target):
 
 def aoti_packages(directory):
     """An AOTInductor package of each MLP config's vmapped functional_call. torch.export of the vmapped
-    call fails on torch 2.6 (vmap's functorch transforms are not traceable by dynamo), so make_fx
-    traces it to aten ops first and torch.export takes that graph."""
+    call fails on torch 2.6 (strict: dynamo's "Tensor.requires_grad_() inside of a function being
+    transformed by a functorch transform"; non-strict: vmap's "NYI: querying is_contiguous"), so
+    make_fx traces it to ATen ops first and torch.export takes that graph."""
     from torch.fx.experimental.proxy_tensor import make_fx
     os.makedirs(directory, exist_ok=True)
     for name, members, n_in, hidden, n_out, batch in CONFIGS:
