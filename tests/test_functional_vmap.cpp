@@ -638,19 +638,29 @@ std::pair<at::Tensor, std::vector<at::Tensor>> value_and_grads(const Params& sta
 }
 
 // The parallel tasks give what one task gives: every sets_per_task, and the default with 2 threads.
+// Without grad, each also equals the call with grad, except where libtorch's own forward differs
+// between the two (inference_is_training false: libtorch 2.6's oneDNN LSTM has an inference
+// kernel of its own, whose values on AVX-512 CPUs differ from the training kernel's by up to
+// ~0.08); there, without grad is compared with one task without grad.
 template <class Params, class Call>
-void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call call, bool runs_tasks = true) {
+void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call call, bool runs_tasks = true,
+                                bool inference_is_training = true) {
   const std::int64_t sets = stacked.batch_size()[0];
   intra_op_threads two(2);
+  // Bit-identical on libtorch 1.13; 2.6 picks its GEMM and convolution kernels by the
+  // batch size, so a task of fewer sets may round differently in the last bits.
+  auto same = [](const at::Tensor& a, const at::Tensor& b) {
+    INFO("largest difference " << (a - b).abs().max().item<double>());
+    CHECK(a.allclose(b, 1e-5, 1e-6));
+  };
   auto [serial, serial_grads] = value_and_grads(stacked, x, [&](const auto& p, const auto& in) {
     return call(p, in, tdn::functional_vmap_options{.sets_per_task = sets});
   });
-  // Without grad, one task without grad: libtorch 2.6's oneDNN LSTM has an inference kernel
-  // of its own (on AVX-512 CPUs its values differ from the training kernel's by up to ~0.08).
   const at::Tensor serial_inference = [&] {
     at::NoGradGuard no_grad;
     return call(stacked, x, tdn::functional_vmap_options{.sets_per_task = sets});
   }();
+  if (inference_is_training) same(serial_inference, serial);
   for (std::optional<std::int64_t> per_task : {std::optional<std::int64_t>(1), std::optional<std::int64_t>(3), std::optional<std::int64_t>()}) {
     INFO("sets_per_task " << (per_task ? std::to_string(*per_task) : "default"));
     auto [parallel, parallel_grads] = value_and_grads(stacked, x, [&](const auto& p, const auto& in) {
@@ -658,12 +668,6 @@ void check_tasks_equal_one_task(const Params& stacked, const at::Tensor& x, Call
       if (per_task) CHECK(graph_has(out, "set_tasks_backward") == runs_tasks);  // by default these small calls run one task
       return out;
     });
-    // Bit-identical on libtorch 1.13; 2.6 picks its GEMM and convolution kernels by the
-    // batch size, so a task of fewer sets may round differently in the last bits.
-    auto same = [](const at::Tensor& a, const at::Tensor& b) {
-      INFO("largest difference " << (a - b).abs().max().item<double>());
-      CHECK(a.allclose(b, 1e-5, 1e-6));
-    };
     same(parallel, serial);
     REQUIRE(parallel_grads.size() == serial_grads.size());
     for (std::size_t i = 0; i < serial_grads.size(); ++i) {
@@ -713,11 +717,13 @@ TEST_CASE("sets in parallel tasks equal one task: values and gradients, typed an
   // libtorch has a fused kernel (2.6's oneDNN) each task runs its sets through it in turn.
   std::vector<torch::nn::LSTM> lstms;
   for (int i = 0; i < 5; ++i) lstms.emplace_back(torch::nn::LSTMOptions(3, 4).num_layers(2));
-  check_tasks_equal_one_task(AnyTensorDict(from_modules(lstms)), at::randn({6, 2, 3}),
-                           [&](const auto& p, const at::Tensor& x, auto options) {
-                             auto [y, state] = tdn::functional_vmap(lstms[0], p, tdn::args(x), {}, {}, options);
-                             return at::cat({y.flatten(1), std::get<0>(state).flatten(1), std::get<1>(state).flatten(1)}, 1);
-                           });
+  check_tasks_equal_one_task(
+      AnyTensorDict(from_modules(lstms)), at::randn({6, 2, 3}),
+      [&](const auto& p, const at::Tensor& x, auto options) {
+        auto [y, state] = tdn::functional_vmap(lstms[0], p, tdn::args(x), {}, {}, options);
+        return at::cat({y.flatten(1), std::get<0>(state).flatten(1), std::get<1>(state).flatten(1)}, 1);
+      },
+      true, /*inference_is_training=*/false);
 
   auto layer = torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(0.0));
   std::vector<torch::nn::TransformerEncoder> encoders;
