@@ -20,7 +20,6 @@
 
 #include "any_tensordict.hpp"
 #include "errors.hpp"
-#include "modules/builtin.hpp"
 #include "to_module.hpp"
 #include "typed_tensordict.hpp"
 

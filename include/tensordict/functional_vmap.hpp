@@ -40,15 +40,18 @@
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Config.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/Type.h>
+#include <torch/nn/modules/activation.h>
 
 #include "any_tensordict.hpp"
 #include "detail/parallel_sets.hpp"
 #include "functional_call.hpp"
 #include "module_registry.hpp"
-#include "modules/builtin.hpp"
+#include "modules/linear.hpp"
 #include "vmap.hpp"
 
 namespace tensordict {

@@ -28,8 +28,9 @@
 #include <torch/nn/module.h>
 
 #include "any_tensordict.hpp"
+#include "detail/config.hpp"
 #include "detail/module_slots.hpp"
-#include "modules/builtin.hpp"
+#include "modules/adapter.hpp"
 
 namespace tensordict {
 namespace nn {
@@ -163,10 +164,8 @@ class module_registry {
     (add(typeid(Impl), kind_of<Impl>()), ...);
   }
 
-  module_registry() {
-    add_builtins(builtin_modules{});
-    add_builtins(builtin_runtime_layout_modules{});
-  }
+  // Every built-in adapter's type (the one place that names them all).
+  TENSORDICT_DECL module_registry();
 
   mutable std::shared_mutex mutex_;
   std::unordered_map<std::type_index, std::shared_ptr<const module_kind>> kinds_;
@@ -177,13 +176,7 @@ class module_registry {
 // The torch::nn module types (demangled, "torch::nn::LinearImpl") the library
 // knows: every built-in adapter's, and the containers that run-time models
 // are made of (Sequential, ModuleList, ModuleDict).
-inline std::vector<std::string> supported_module_types() {
-  std::vector<std::string> out{"torch::nn::SequentialImpl", "torch::nn::ModuleListImpl", "torch::nn::ModuleDictImpl"};
-  [&]<class... Impl>(detail::type_list<Impl...>) {
-    (out.push_back(c10::demangle(typeid(Impl).name())), ...);
-  }(typename detail::concat_lists<detail::builtin_modules, detail::builtin_runtime_layout_modules>::type{});
-  return out;
-}
+TENSORDICT_DECL std::vector<std::string> supported_module_types();
 
 // The torch::nn module types it has no adapter for, each with the reason (as
 // the README's "Supported modules" lists them).
@@ -222,3 +215,26 @@ void register_module_type(Forward forward) {
 
 }  // namespace nn
 }  // namespace tensordict
+
+// Header-only, the registry's constructor above is compiled in every TU that
+// uses the registry, and it names every built-in type: such a TU includes
+// every module family. Compiled separately (detail/config.hpp), only the TU
+// of separate_compilation.hpp does; the others include the families they use.
+#if TENSORDICT_DEFINITIONS
+#include "modules/builtin.hpp"
+
+namespace tensordict::nn {
+TENSORDICT_DECL detail::module_registry::module_registry() {
+  add_builtins(builtin_modules{});
+  add_builtins(builtin_runtime_layout_modules{});
+}
+
+TENSORDICT_DECL std::vector<std::string> supported_module_types() {
+  std::vector<std::string> out{"torch::nn::SequentialImpl", "torch::nn::ModuleListImpl", "torch::nn::ModuleDictImpl"};
+  [&]<class... Impl>(detail::type_list<Impl...>) {
+    (out.push_back(c10::demangle(typeid(Impl).name())), ...);
+  }(typename detail::concat_lists<detail::builtin_modules, detail::builtin_runtime_layout_modules>::type{});
+  return out;
+}
+}  // namespace tensordict::nn
+#endif  // TENSORDICT_DEFINITIONS

@@ -27,6 +27,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "modules/sequential.hpp"  // nn::touches_module, specialized here
 #include "params.hpp"
 #include "reset_parameters.hpp"
 

@@ -31,7 +31,6 @@
 #include "errors.hpp"
 #include "from_module.hpp"
 #include "module_registry.hpp"
-#include "modules/builtin.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict::nn {

@@ -29,7 +29,6 @@
 #include "detail/module_slots.hpp"
 #include "errors.hpp"
 #include "module_registry.hpp"
-#include "modules/builtin.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict {

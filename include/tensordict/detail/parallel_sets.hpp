@@ -12,11 +12,34 @@
 // pass it (CMake: OpenMP::OpenMP_CXX).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "config.hpp"
+
+namespace tensordict::detail {
+
+// task(tensors, start, length): the outputs of sets [start, start + length)
+// (dim 0 of each indexes them), given the call's tensors narrowed to them
+// (dim 0 of those marked `mapped` indexes the sets; the others every set shares).
+using set_task = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&, std::int64_t, std::int64_t)>;
+
+// Sets per task for a call whose sets each need bytes_per_set of working set and flops_per_set.
+TENSORDICT_DECL std::int64_t sets_per_task(std::int64_t sets, std::int64_t bytes_per_set, double flops_per_set, std::int64_t threads);
+
+// The joined outputs of task(...) over `sets` sets in tasks of `per_task`,
+// differentiable with respect to `tensors` where gradients are wanted.
+TENSORDICT_DECL std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::int64_t per_task, const std::vector<at::Tensor>& tensors,
+                                                      const std::vector<bool>& mapped, const set_task& task);
+
+}  // namespace tensordict::detail
+
+#if TENSORDICT_DEFINITIONS
+#include <algorithm>
+#include <string>
 
 #include <ATen/Config.h>
 #include <ATen/Parallel.h>
@@ -41,7 +64,7 @@ namespace tensordict::detail {
 // measured on 128 and 8 sets, more tasks did not pay), at least one per
 // thread, a number the threads share evenly, and enough work per task
 // (4 MFLOP, some 50 us of a core) to outweigh a task's start.
-inline std::int64_t sets_per_task(std::int64_t sets, std::int64_t bytes_per_set, double flops_per_set, std::int64_t threads) {
+TENSORDICT_DECL std::int64_t sets_per_task(std::int64_t sets, std::int64_t bytes_per_set, double flops_per_set, std::int64_t threads) {
   const std::int64_t fit = std::max<std::int64_t>(1, core_cache_bytes() / std::max<std::int64_t>(1, bytes_per_set));
   const std::int64_t worth = static_cast<std::int64_t>(4e6 / std::max(1.0, flops_per_set)) + 1;
   const std::int64_t fewest = (sets + 2 * threads - 1) / (2 * threads);
@@ -50,11 +73,6 @@ inline std::int64_t sets_per_task(std::int64_t sets, std::int64_t bytes_per_set,
   tasks = std::min(sets, (tasks + threads - 1) / threads * threads);
   return (sets + tasks - 1) / tasks;
 }
-
-// task(tensors, start, length): the outputs of sets [start, start + length)
-// (dim 0 of each indexes them), given the call's tensors narrowed to them
-// (dim 0 of those marked `mapped` indexes the sets; the others every set shares).
-using set_task = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&, std::int64_t, std::int64_t)>;
 
 struct set_tasks_plan {
   std::int64_t sets = 0;
@@ -225,10 +243,8 @@ inline std::vector<at::Tensor> join_set_tasks(const std::vector<std::vector<at::
   return joined;
 }
 
-// The joined outputs of task(...) over `sets` sets in tasks of `per_task`,
-// differentiable with respect to `tensors` where gradients are wanted.
-inline std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::int64_t per_task, const std::vector<at::Tensor>& tensors,
-                                             const std::vector<bool>& mapped, const set_task& task) {
+TENSORDICT_DECL std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::int64_t per_task, const std::vector<at::Tensor>& tensors,
+                                                      const std::vector<bool>& mapped, const set_task& task) {
   const set_tasks_plan plan{sets, per_task, mapped, &task};
   const auto count = static_cast<std::size_t>(plan.count());
   const bool wants_grad = at::GradMode::is_enabled() &&
@@ -271,3 +287,4 @@ inline std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::int64_t per
 }
 
 }  // namespace tensordict::detail
+#endif  // TENSORDICT_DEFINITIONS

@@ -151,7 +151,8 @@ struct members_of_impl {
   static_assert(described_module<T>,
                 "tensordict::nn: this module type has no schema. Name its members once with "
                 "TENSORDICT_MODULE(Type, member, ...) at global scope, or specialize "
-                "tensordict::nn::module_traits<Type>.");
+                "tensordict::nn::module_traits<Type>; for a torch::nn type, include its family's adapter "
+                "(tensordict/modules/<family>.hpp, or tensordict/modules/builtin.hpp for all).");
   using type = member_list<>;
 };
 template <described_module T>

@@ -10,17 +10,90 @@
 #include <cstdint>
 #include <vector>
 
+#include <ATen/ops/bilinear.h>
+#include <ATen/ops/linear.h>
+#include <torch/nn/modules/linear.h>
+
+#include "../detail/config.hpp"
+
+namespace tensordict::nn {
+
+namespace detail {
+using linear_family = type_list<torch::nn::LinearImpl, torch::nn::BilinearImpl>;
+
+// A run of Linears, each maybe followed by a ReLU, lowered as one pass of
+// detail/batched_gemm.hpp's products (one autograd node) where they apply:
+// float32 CPU tensors, a CPU with AVX2 and FMA, small sets. A typed or
+// run-time Sequential gathers its children into one (add, add_relu) and
+// runs it where a child does not join; a lone Linear is a run of one.
+class linear_run {
+ public:
+  TENSORDICT_DECL linear_run(const stacked& x, std::int64_t sets);
+  // Whether the run takes this Linear's params (w [sets, out, in], b [sets, out] or undefined) next.
+  TENSORDICT_DECL bool add(const at::Tensor& w, const at::Tensor& b);
+  // Whether the run takes a ReLU next (after a Linear without one).
+  bool add_relu() {
+    if (relu_.empty() || relu_.back()) return false;
+    relu_.back() = 1;
+    return true;
+  }
+  bool empty() const { return relu_.empty(); }
+  // The run's output, [sets, ..., out] with the input's middle dims.
+  TENSORDICT_DECL stacked run() const;
+  // The input as [sets, rows, in], or [rows, in] where the sets share it.
+  const at::Tensor& flat_input() const { return flat_; }
+  // [sets, rows, out] -> [sets, ..., out] with the input's middle dims.
+  TENSORDICT_DECL stacked shaped(const at::Tensor& y) const;
+
+ private:
+  stacked x_;
+  std::int64_t sets_, rows_ = 0, width_ = 0;
+  at::Tensor flat_;                    // x as [sets, rows, in] or shared [rows, in]
+  std::vector<at::Tensor> tensors_;    // w, b per layer
+  std::vector<std::int64_t> relu_;     // per layer: whether a ReLU follows
+};
+}  // namespace detail
+
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::LinearImpl)
+TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::BilinearImpl)
+
+template <>
+struct functional<torch::nn::LinearImpl> {
+  static constexpr bool is_functional = true;
+  static at::Tensor forward(const torch::nn::LinearImpl&, const TensorDict<schema_of<torch::nn::LinearImpl>>& p,
+                            const at::Tensor& x) {
+    return at::linear(x, p.leaf(0), p.leaf(1));
+  }
+};
+
+template <>
+struct batched<torch::nn::LinearImpl> {
+  static constexpr bool is_batched = true;
+  // One baddbmm: [sets, rows, in] x [sets, in, out]; a shared input is broadcast, not copied.
+  TENSORDICT_DECL static stacked forward(const torch::nn::LinearImpl&, const TensorDict<schema_of<torch::nn::LinearImpl>>& p,
+                                         const stacked& x, const batch_context& ctx);
+};
+
+template <>
+struct functional<torch::nn::BilinearImpl> {
+  static constexpr bool is_functional = true;
+  static at::Tensor forward(const torch::nn::BilinearImpl&, const TensorDict<schema_of<torch::nn::BilinearImpl>>& p,
+                            const at::Tensor& x1, const at::Tensor& x2) {
+    return at::bilinear(x1, x2, p.leaf(0), p.leaf(1));
+  }
+};
+
+}  // namespace tensordict::nn
+
+#if TENSORDICT_DEFINITIONS
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/baddbmm.h>
-#include <ATen/ops/bilinear.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/linear.h>
 #include <ATen/ops/sum.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/nn/modules/linear.h>
 
 #include "../detail/batched_gemm.hpp"
 #include "../detail/format.hpp"
@@ -29,14 +102,12 @@
 namespace tensordict::nn {
 
 namespace detail {
-using linear_family = type_list<torch::nn::LinearImpl, torch::nn::BilinearImpl>;
-
 namespace gemm = ::tensordict::detail::batched_gemm;
 
 // The layers of a linear_run applied to x ([sets, rows, in], or [rows, in]
 // every set shares): tensors are w, b per layer (b empty: none), relu whether
 // a ReLU follows each. Returns every layer's output, [sets, rows, out] each.
-inline std::vector<at::Tensor> linear_run_forward(const at::Tensor& x, at::TensorList tensors, const std::vector<std::int64_t>& relu) {
+TENSORDICT_DECL std::vector<at::Tensor> linear_run_forward(const at::Tensor& x, at::TensorList tensors, const std::vector<std::int64_t>& relu) {
   std::vector<at::Tensor> outputs;
   const at::Tensor* h = &x;
   for (std::size_t l = 0; l < relu.size(); ++l) {
@@ -51,7 +122,7 @@ inline std::vector<at::Tensor> linear_run_forward(const at::Tensor& x, at::Tenso
 }
 
 // The same with libtorch's ops, which autograd records (for create_graph).
-inline at::Tensor linear_run_reference(const at::Tensor& x, at::TensorList tensors, const std::vector<std::int64_t>& relu) {
+TENSORDICT_DECL at::Tensor linear_run_reference(const at::Tensor& x, at::TensorList tensors, const std::vector<std::int64_t>& relu) {
   at::Tensor h = x.dim() == 2 ? x.unsqueeze(0).expand({tensors[0].size(0), x.size(0), x.size(1)}) : x;
   for (std::size_t l = 0; l < relu.size(); ++l) {
     const at::Tensor &w = tensors[2 * l], &b = tensors[2 * l + 1];
@@ -127,125 +198,76 @@ struct linear_run_function : torch::autograd::Function<linear_run_function> {
   }
 };
 
-// A run of Linears, each maybe followed by a ReLU, lowered as one pass of
-// detail/batched_gemm.hpp's products (one autograd node) where they apply:
-// float32 CPU tensors, a CPU with AVX2 and FMA, small sets. A typed or
-// run-time Sequential gathers its children into one (add, add_relu) and
-// runs it where a child does not join; a lone Linear is a run of one.
-class linear_run {
- public:
-  linear_run(const stacked& x, std::int64_t sets) : x_(x), sets_(sets) {
-    const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
-    if (own_dims < 1)
-      throw shape_error("tensordict::nn::functional_vmap: a Linear's input needs at least 1 dim per set (its features); got " +
-                        tensordict::describe(x.value) + (x.mapped ? " mapped over the sets" : " shared by the sets"));
-    width_ = x.value.size(-1);
-    // The common shapes need no reshape (each op costs about a microsecond here).
-    flat_ = x.mapped ? (own_dims == 2 ? x.value : x.value.reshape({sets, -1, width_}))
-                     : (own_dims == 2 ? x.value : x.value.reshape({-1, width_}));
-    rows_ = flat_.size(-2);
-  }
-  // Whether the run takes this Linear's params (w [sets, out, in], b [sets, out] or undefined) next.
-  bool add(const at::Tensor& w, const at::Tensor& b) {
-    if (w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ ||
-        !gemm::applies(rows_, w.size(1), width_, {&flat_, &w, &b}))
-      return false;
-    tensors_.push_back(w);
-    tensors_.push_back(b.defined() ? b : at::empty({0}, w.options()));
-    relu_.push_back(0);
-    width_ = w.size(1);
-    return true;
-  }
-  // Whether the run takes a ReLU next (after a Linear without one).
-  bool add_relu() {
-    if (relu_.empty() || relu_.back()) return false;
-    relu_.back() = 1;
-    return true;
-  }
-  bool empty() const { return relu_.empty(); }
-  // The run's output, [sets, ..., out] with the input's middle dims.
-  stacked run() const {
-    bool records = at::GradMode::is_enabled() && flat_.requires_grad();
-    for (const auto& t : tensors_) records = records || (at::GradMode::is_enabled() && t.requires_grad());
-    at::Tensor y;
-    if (records) {
-      std::vector<at::Tensor> inputs{flat_};
-      inputs.insert(inputs.end(), tensors_.begin(), tensors_.end());
-      y = linear_run_function::apply(at::TensorList(inputs), relu_);
-    } else {
-      y = linear_run_forward(flat_, tensors_, relu_).back();
-    }
-    return shaped(y);
-  }
-  // The input as [sets, rows, in], or [rows, in] where the sets share it.
-  const at::Tensor& flat_input() const { return flat_; }
-  // [sets, rows, out] -> [sets, ..., out] with the input's middle dims.
-  stacked shaped(const at::Tensor& y) const {
-    const std::int64_t own_dims = x_.value.dim() - (x_.mapped ? 1 : 0);
-    if (own_dims == 2) return {y, true, true};
-    std::vector<std::int64_t> shape{sets_};
-    shape.insert(shape.end(), x_.value.sizes().begin() + (x_.mapped ? 1 : 0), x_.value.sizes().end() - 1);
-    shape.push_back(y.size(-1));
-    return {y.view(shape), true, true};
-  }
+TENSORDICT_DECL linear_run::linear_run(const stacked& x, std::int64_t sets) : x_(x), sets_(sets) {
+  const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
+  if (own_dims < 1)
+    throw shape_error("tensordict::nn::functional_vmap: a Linear's input needs at least 1 dim per set (its features); got " +
+                      tensordict::describe(x.value) + (x.mapped ? " mapped over the sets" : " shared by the sets"));
+  width_ = x.value.size(-1);
+  // The common shapes need no reshape (each op costs about a microsecond here).
+  flat_ = x.mapped ? (own_dims == 2 ? x.value : x.value.reshape({sets, -1, width_}))
+                   : (own_dims == 2 ? x.value : x.value.reshape({-1, width_}));
+  rows_ = flat_.size(-2);
+}
 
- private:
-  stacked x_;
-  std::int64_t sets_, rows_ = 0, width_ = 0;
-  at::Tensor flat_;                    // x as [sets, rows, in] or shared [rows, in]
-  std::vector<at::Tensor> tensors_;    // w, b per layer
-  std::vector<std::int64_t> relu_;     // per layer: whether a ReLU follows
-};
+TENSORDICT_DECL bool linear_run::add(const at::Tensor& w, const at::Tensor& b) {
+  if (w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ || !gemm::applies(rows_, w.size(1), width_, {&flat_, &w, &b}))
+    return false;
+  tensors_.push_back(w);
+  tensors_.push_back(b.defined() ? b : at::empty({0}, w.options()));
+  relu_.push_back(0);
+  width_ = w.size(1);
+  return true;
+}
+
+TENSORDICT_DECL stacked linear_run::run() const {
+  bool records = at::GradMode::is_enabled() && flat_.requires_grad();
+  for (const auto& t : tensors_) records = records || (at::GradMode::is_enabled() && t.requires_grad());
+  at::Tensor y;
+  if (records) {
+    std::vector<at::Tensor> inputs{flat_};
+    inputs.insert(inputs.end(), tensors_.begin(), tensors_.end());
+    y = linear_run_function::apply(at::TensorList(inputs), relu_);
+  } else {
+    y = linear_run_forward(flat_, tensors_, relu_).back();
+  }
+  return shaped(y);
+}
+
+TENSORDICT_DECL stacked linear_run::shaped(const at::Tensor& y) const {
+  const std::int64_t own_dims = x_.value.dim() - (x_.mapped ? 1 : 0);
+  if (own_dims == 2) return {y, true, true};
+  std::vector<std::int64_t> shape{sets_};
+  shape.insert(shape.end(), x_.value.sizes().begin() + (x_.mapped ? 1 : 0), x_.value.sizes().end() - 1);
+  shape.push_back(y.size(-1));
+  return {y.view(shape), true, true};
+}
 }  // namespace detail
 
-TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::LinearImpl)
-TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::BilinearImpl)
-
-template <>
-struct functional<torch::nn::LinearImpl> {
-  static constexpr bool is_functional = true;
-  static at::Tensor forward(const torch::nn::LinearImpl&, const TensorDict<schema_of<torch::nn::LinearImpl>>& p,
-                            const at::Tensor& x) {
-    return at::linear(x, p.leaf(0), p.leaf(1));
+TENSORDICT_DECL stacked batched<torch::nn::LinearImpl>::forward(const torch::nn::LinearImpl&,
+                                                                const TensorDict<schema_of<torch::nn::LinearImpl>>& p, const stacked& x,
+                                                                const batch_context& ctx) {
+  const at::Tensor& w = p.leaf(0);  // [sets, out, in]
+  const at::Tensor& b = p.leaf(1);  // [sets, out] or unset
+  const std::int64_t in = w.size(2), out = w.size(1);
+  detail::linear_run run(x, ctx.sets);
+  if (run.add(w, b)) return run.run();
+  const at::Tensor& flat = run.flat_input();
+  if (!x.mapped && flat.dim() == 2 && b.defined()) {
+    // A shared input meets every set's weights in one GEMM: [rows, in] x [in, sets*out].
+    at::Tensor y = at::addmm(b.reshape({-1}), flat, w.reshape({ctx.sets * out, in}).t());
+    return run.shaped(y.view({flat.size(0), ctx.sets, out}).transpose(0, 1));
   }
-};
-
-template <>
-struct batched<torch::nn::LinearImpl> {
-  static constexpr bool is_batched = true;
-  // One baddbmm: [sets, rows, in] x [sets, in, out]; a shared input is broadcast, not copied.
-  static stacked forward(const torch::nn::LinearImpl&, const TensorDict<schema_of<torch::nn::LinearImpl>>& p,
-                         const stacked& x, const batch_context& ctx) {
-    const at::Tensor& w = p.leaf(0);  // [sets, out, in]
-    const at::Tensor& b = p.leaf(1);  // [sets, out] or unset
-    const std::int64_t in = w.size(2), out = w.size(1);
-    detail::linear_run run(x, ctx.sets);
-    if (run.add(w, b)) return run.run();
-    const at::Tensor& flat = run.flat_input();
-    if (!x.mapped && flat.dim() == 2 && b.defined()) {
-      // A shared input meets every set's weights in one GEMM: [rows, in] x [in, sets*out].
-      at::Tensor y = at::addmm(b.reshape({-1}), flat, w.reshape({ctx.sets * out, in}).t());
-      return run.shaped(y.view({flat.size(0), ctx.sets, out}).transpose(0, 1));
-    }
-    const at::Tensor rows = x.mapped ? flat : flat.unsqueeze(0).expand({ctx.sets, -1, in});
-    at::Tensor y;
-    if (!b.defined())
-      y = at::bmm(rows, w.transpose(1, 2));
-    else if (rows.size(1) * in * out < (1 << 16))
-      y = at::baddbmm(b.unsqueeze(1), rows, w.transpose(1, 2));  // small: the bias fused in
-    else
-      y = at::bmm(rows, w.transpose(1, 2)).add_(b.unsqueeze(1));  // large: measured faster than baddbmm's bias copy
-    return run.shaped(y);
-  }
-};
-
-template <>
-struct functional<torch::nn::BilinearImpl> {
-  static constexpr bool is_functional = true;
-  static at::Tensor forward(const torch::nn::BilinearImpl&, const TensorDict<schema_of<torch::nn::BilinearImpl>>& p,
-                            const at::Tensor& x1, const at::Tensor& x2) {
-    return at::bilinear(x1, x2, p.leaf(0), p.leaf(1));
-  }
-};
+  const at::Tensor rows = x.mapped ? flat : flat.unsqueeze(0).expand({ctx.sets, -1, in});
+  at::Tensor y;
+  if (!b.defined())
+    y = at::bmm(rows, w.transpose(1, 2));
+  else if (rows.size(1) * in * out < (1 << 16))
+    y = at::baddbmm(b.unsqueeze(1), rows, w.transpose(1, 2));  // small: the bias fused in
+  else
+    y = at::bmm(rows, w.transpose(1, 2)).add_(b.unsqueeze(1));  // large: measured faster than baddbmm's bias copy
+  return run.shaped(y);
+}
 
 }  // namespace tensordict::nn
+#endif  // TENSORDICT_DEFINITIONS
