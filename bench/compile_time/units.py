@@ -2,11 +2,15 @@
 """Compile time and peak memory of a user's translation units, against libtorch alone.
 
 Compiles each TU of units/ (torch_only.cpp: <torch/torch.h> alone;
+torch_loop.cpp: an MLP ensemble as a loop over libtorch modules;
 tensordict_only.cpp: <tensordict/tensordict.hpp> alone;
 mlp_functional_vmap.cpp: a typed MLP, from_modules, functional_call and a
-lowered functional_vmap) `--repeat` times, interleaved, and prints the fastest
-time of each (a shared machine only ever slows a compile down), its peak
-memory, and its ratio to torch_only.
+lowered functional_vmap, header-only; mlp_separate.cpp: the same with the
+headers it uses, compiled with -DTENSORDICT_SEPARATE_COMPILATION;
+separate_definitions.cpp: that program's one TU of the library's definitions)
+`--repeat` times, interleaved, and prints the fastest time of each (a shared
+machine only ever slows a compile down), its peak memory, and its ratio to
+torch_only.
 
 Usage: units.py [--repeat 3] -- COMPILER FLAGS...
 """
@@ -17,7 +21,10 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import compile_once  # noqa: E402
 
-UNITS = ["torch_only", "tensordict_only", "mlp_functional_vmap"]
+# Each unit and the flags it adds.
+SEPARATE = ["-DTENSORDICT_SEPARATE_COMPILATION"]
+UNITS = {"torch_only": [], "torch_loop": [], "tensordict_only": [], "mlp_functional_vmap": [], "mlp_separate": SEPARATE,
+         "separate_definitions": SEPARATE}
 
 
 def main():
@@ -32,7 +39,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat):
             for u in UNITS:
-                seconds, mib = compile_once(compiler, os.path.join(here, u + ".cpp"), os.path.join(tmp, u + ".o"))
+                seconds, mib = compile_once(compiler + UNITS[u], os.path.join(here, u + ".cpp"), os.path.join(tmp, u + ".o"))
                 if seconds < best[u][0]:
                     best[u] = (seconds, mib)
     base = best["torch_only"][0]
