@@ -305,7 +305,7 @@ TEST_CASE("lowered, vmap and loop paths agree for every batched module type", "[
   check_three_paths(encoders, at::randn({4, 3}), false);
 }
 
-TEST_CASE("small Linears run on the library's own batched GEMM (AVX2): odd shapes, strides, gradients, create_graph",
+TEST_CASE("Linear runs on the library's own batched GEMM (AVX2), large layers on BLAS: odd shapes, strides, gradients, create_graph",
           "[functional_vmap]") {
   using torch::nn::Linear;
   // 13 -> 19 over 7 rows: partial row and column tiles, an 8x8-block transpose with leftovers.
@@ -329,6 +329,21 @@ TEST_CASE("small Linears run on the library's own batched GEMM (AVX2): odd shape
   using relu_head = tdn::Sequential<Linear, torch::nn::ReLU>;
   auto heads = copies<relu_head>(3, [] { return relu_head(Linear(16, 3), torch::nn::ReLU()); });
   check_three_paths(heads, at::randn({9, 16}), false);
+
+  // A layer beyond the kernel's sizes (40 rows x 96 x 96 per set) takes one BLAS call per set in the
+  // same node as the kernel's layers around it; so does one without bias.
+  using mixed = tdn::Sequential<Linear, torch::nn::ReLU, Linear, torch::nn::ReLU, Linear>;
+  auto mixed_nets = copies<mixed>(3, [] {
+    return mixed(Linear(8, 96), torch::nn::ReLU(), Linear(96, 96), torch::nn::ReLU(), Linear(96, 3));
+  });
+  check_three_paths(mixed_nets, at::randn({40, 8}), false);
+  check_three_paths(mixed_nets, at::randn({3, 40, 8}), true);
+  auto wide_no_bias = copies<Linear>(3, [] { return Linear(torch::nn::LinearOptions(96, 96).bias(false)); });
+  check_three_paths(wide_no_bias, at::randn({3, 40, 96}), true);
+  if (tensordict::detail::avx2_fma_supported()) {
+    const at::Tensor wide = tdn::functional_vmap(mixed_nets[0], trainable(from_modules(mixed_nets)), tdn::args(at::randn({40, 8})));
+    CHECK_THAT(std::string(wide.grad_fn()->name()), Contains("linear_run"));
+  }
 
   auto params = trainable(from_modules(odd));
   const auto y = tdn::functional_vmap(odd[0], params, tdn::args(at::randn({7, 13})));

@@ -7,7 +7,7 @@
 // chosen at run time) runs the same at ~36 GFLOP/s. Operands are read through
 // their strides (a transposed or shared operand needs no copy); b is packed
 // per set into a zero-padded panel so that its rows load as whole vectors.
-// The caller checks applies() and keeps libtorch's ops elsewhere.
+// The caller checks takes() and fits(), and keeps libtorch's ops elsewhere.
 #pragma once
 
 #include <algorithm>
@@ -48,8 +48,12 @@ inline strided transposed(const at::Tensor& t) {
 // (AVX-512) is faster. Measured here: 32x32x32 4.9x faster, 64x64x64 1.9x.
 constexpr std::int64_t most_products_per_set = std::int64_t{1} << 18;
 
-inline bool applies(std::int64_t m, std::int64_t n, std::int64_t k, std::initializer_list<const at::Tensor*> operands) {
-  if (!avx2_fma_supported() || m * n * k > most_products_per_set) return false;
+// Whether the products of m x k by k x n per set are small enough for them.
+inline bool fits(std::int64_t m, std::int64_t n, std::int64_t k) { return m * n * k <= most_products_per_set; }
+
+// Whether these kernels (the products where fits(), relu_backward, row_sums) take the operands.
+inline bool takes(std::initializer_list<const at::Tensor*> operands) {
+  if (!avx2_fma_supported()) return false;
   return std::all_of(operands.begin(), operands.end(), [](const at::Tensor* t) {
     // Inside vmap or a functorch transform a tensor is a wrapper without storage of its own; a
     // dual tensor's tangent (forward-mode AD) these products would not carry.
@@ -286,7 +290,7 @@ __attribute__((target("avx2,fma"))) inline void multiply_avx2(std::int64_t sets,
 #endif
 
 // out (a contiguous float [sets, m, n] tensor) = a[s] b[s] (+ bias[s]; undefined: none; [sets, n], or
-// [n] shared), ReLU'd if asked. Call only where applies() said so.
+// [n] shared), ReLU'd if asked. Call only where takes() and fits() said so.
 inline void multiply(const strided& a, const strided& b, const at::Tensor& bias, bool relu, std::int64_t k, at::Tensor& out) {
   const std::int64_t sets = out.size(0), m = out.size(1), n = out.size(2);
   const float* bias_data = bias.defined() ? bias.data_ptr<float>() : nullptr;
@@ -296,7 +300,7 @@ inline void multiply(const strided& a, const strided& b, const at::Tensor& bias,
   multiply_avx2(sets, m, n, k, a, b, bias_data, bias_set_stride, relu, out.data_ptr<float>());
 #else
   (void)a, (void)b, (void)relu, (void)k, (void)bias_data, (void)bias_set_stride, (void)sets, (void)m, (void)n;
-  TORCH_CHECK(false, "tensordict: batched_gemm::multiply on a CPU without AVX2 (applies() said no)");
+  TORCH_CHECK(false, "tensordict: batched_gemm::multiply on a CPU without AVX2 (takes() said no)");
 #endif
 }
 
@@ -347,7 +351,7 @@ __attribute__((target("avx2,fma"))) inline void column_sums(const float* g, std:
 // out = g where h > 0, else 0 (a ReLU's backward from its output h), for
 // [sets, rows, n] float tensors: out and h contiguous, g read through its
 // strides (autograd's gradient may be an expanded one); out may be g.
-// Call only where applies() said so.
+// Call only where takes() said so.
 inline void relu_backward(const at::Tensor& g, const at::Tensor& h, at::Tensor& out) {
   const std::int64_t sets = out.size(0), rows = out.size(1), n = out.size(2);
   const strided gv = view(g);
@@ -365,7 +369,7 @@ inline void relu_backward(const at::Tensor& g, const at::Tensor& h, at::Tensor& 
 }
 
 // The sums over the rows of g [sets, rows, n] (read through its strides): a
-// float [sets, n] tensor. Call only where applies() said so.
+// float [sets, n] tensor. Call only where takes() said so.
 inline at::Tensor row_sums(const at::Tensor& g) {
   const std::int64_t sets = g.size(0), rows = g.size(1), n = g.size(2);
   at::Tensor out = at::empty({sets, n}, g.options());

@@ -1,5 +1,5 @@
 // The adapters of torch::nn::Linear (schema {weight, bias}, functional form
-// at::linear, batched form one GEMM or baddbmm for every set) and
+// at::linear, batched form a detail::linear_run, else one GEMM or baddbmm for every set) and
 // torch::nn::Bilinear ({weight, bias}, functional form at::bilinear of its two
 // inputs).
 #pragma once
@@ -21,11 +21,13 @@ namespace tensordict::nn {
 namespace detail {
 using linear_family = type_list<torch::nn::LinearImpl, torch::nn::BilinearImpl>;
 
-// A run of Linears, each maybe followed by a ReLU, lowered as one pass of
-// detail/batched_gemm.hpp's products (one autograd node) where they apply:
-// float32 CPU tensors, a CPU with AVX2 and FMA, small sets. A typed or
-// run-time Sequential gathers its children into one (add, add_relu) and
-// runs it where a child does not join; a lone Linear is a run of one.
+// A run of Linears, each maybe followed by a ReLU, lowered as one autograd
+// node where detail/batched_gemm.hpp's kernels take the tensors (float32 CPU
+// tensors, a CPU with AVX2 and FMA): each layer's products on the library's
+// kernel where its sets are small, else one BLAS call per set (the members'
+// own GEMMs), with the bias, the ReLU and their backward in the library's
+// passes. A typed or run-time Sequential gathers its children into one (add,
+// add_relu) and runs it where a child does not join; a lone Linear is a run of one.
 class linear_run {
  public:
   TENSORDICT_DECL linear_run(const stacked& x, std::int64_t sets);
@@ -69,7 +71,8 @@ struct functional<torch::nn::LinearImpl> {
 template <>
 struct batched<torch::nn::LinearImpl> {
   static constexpr bool is_batched = true;
-  // One baddbmm: [sets, rows, in] x [sets, in, out]; a shared input is broadcast, not copied.
+  // A linear_run of one where it takes the tensors, else one baddbmm: [sets, rows, in] x [sets, in, out]
+  // (a shared input is broadcast, not copied).
   TENSORDICT_DECL static stacked forward(const torch::nn::LinearImpl&, const TensorDict<schema_of<torch::nn::LinearImpl>>& p,
                                          const stacked& x, const batch_context& ctx);
 };
@@ -90,6 +93,8 @@ struct functional<torch::nn::BilinearImpl> {
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/relu.h>
 #include <ATen/ops/sum.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -104,6 +109,21 @@ namespace tensordict::nn {
 namespace detail {
 namespace gemm = ::tensordict::detail::batched_gemm;
 
+// out[s] = a[s] b[s] (+ bias[s] where defined) by one BLAS call per set, as
+// the members' own Linears make them (an operand of 2 dims: every set shares
+// it): the layers beyond batched_gemm's sizes. A batched matmul would take
+// the same calls, plus the copies of its transposed gradients.
+TENSORDICT_DECL void blas_products(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, at::Tensor& out) {
+  for (std::int64_t s = 0; s < out.size(0); ++s) {
+    at::Tensor o = out.select(0, s);
+    const at::Tensor as = a.dim() == 2 ? a : a.select(0, s), bs = b.dim() == 2 ? b : b.select(0, s);
+    if (bias.defined())
+      at::addmm_out(o, bias.select(0, s), as, bs);
+    else
+      at::mm_out(o, as, bs);
+  }
+}
+
 // The layers of a linear_run applied to x ([sets, rows, in], or [rows, in]
 // every set shares): tensors are w, b per layer (b empty: none), relu whether
 // a ReLU follows each. Returns every layer's output, [sets, rows, out] each.
@@ -113,8 +133,14 @@ TENSORDICT_DECL std::vector<at::Tensor> linear_run_forward(const at::Tensor& x, 
   for (std::size_t l = 0; l < relu.size(); ++l) {
     const at::Tensor &w = tensors[2 * l], &b = tensors[2 * l + 1];
     at::Tensor y = at::empty({w.size(0), x.size(-2), w.size(1)}, w.options());
-    gemm::multiply(gemm::view(*h), gemm::transposed(w), b.numel() == 0 ? at::Tensor() : b.is_contiguous() ? b : b.contiguous(),
-                   relu[l] != 0, w.size(2), y);
+    const at::Tensor bias = b.numel() == 0 ? at::Tensor() : b;
+    if (gemm::fits(x.size(-2), w.size(1), w.size(2))) {
+      gemm::multiply(gemm::view(*h), gemm::transposed(w), bias.defined() && !bias.is_contiguous() ? bias.contiguous() : bias,
+                     relu[l] != 0, w.size(2), y);
+    } else {
+      blas_products(*h, w.transpose(1, 2), bias, y);
+      if (relu[l]) at::relu_(y);
+    }
     outputs.push_back(std::move(y));
     h = &outputs.back();
   }
@@ -182,14 +208,21 @@ struct linear_run_function : torch::autograd::Function<linear_run_function> {
       const at::Tensor& w = tensors[2 * l];
       const std::int64_t sets = w.size(0), rows = g.size(1), out_features = w.size(1), in = w.size(2);
       if (tensors[2 * l + 1].numel() > 0 && ctx->needs_input_grad(2 * l + 2)) out[2 * l + 2] = gemm::row_sums(g);
+      const bool kernel = gemm::fits(rows, out_features, in);  // the forward's choice: the three products have its size
       if (ctx->needs_input_grad(2 * l + 1)) {
         at::Tensor gw = at::empty({sets, out_features, in}, g.options());
-        gemm::multiply(gemm::transposed(g), gemm::view(input_of(l)), at::Tensor(), false, rows, gw);
+        if (kernel)
+          gemm::multiply(gemm::transposed(g), gemm::view(input_of(l)), at::Tensor(), false, rows, gw);
+        else
+          blas_products(g.transpose(1, 2), input_of(l), at::Tensor(), gw);
         out[2 * l + 1] = gw;
       }
       if (2 * l + 1 > first) {  // an earlier input needs g of this layer's input
         at::Tensor gx = at::empty({sets, rows, in}, g.options());
-        gemm::multiply(gemm::view(g), gemm::view(w), at::Tensor(), false, out_features, gx);
+        if (kernel)
+          gemm::multiply(gemm::view(g), gemm::view(w), at::Tensor(), false, out_features, gx);
+        else
+          blas_products(g, w, at::Tensor(), gx);
         g = gx;
       }
     }
@@ -211,7 +244,7 @@ TENSORDICT_DECL linear_run::linear_run(const stacked& x, std::int64_t sets) : x_
 }
 
 TENSORDICT_DECL bool linear_run::add(const at::Tensor& w, const at::Tensor& b) {
-  if (w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ || !gemm::applies(rows_, w.size(1), width_, {&flat_, &w, &b}))
+  if (w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ || !gemm::takes({&flat_, &w, &b}))
     return false;
   tensors_.push_back(w);
   tensors_.push_back(b.defined() ? b : at::empty({0}, w.options()));
