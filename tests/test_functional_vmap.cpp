@@ -777,6 +777,34 @@ TEST_CASE("sets in parallel tasks: the errors", "[functional_vmap]") {
   CHECK_FALSE(graph_has(z, "set_tasks_backward"));
 }
 
+TEST_CASE("a chain of Linears spreads its sets over the threads inside its one node: as on one thread", "[functional_vmap]") {
+  using torch::nn::Linear;
+  using torch::nn::ReLU;
+  // 24 MLPs (20 MFLOP a call: worth two threads) on the library's kernel; 4 sets with a layer on BLAS.
+  using mlp = tdn::Sequential<Linear, ReLU, Linear, ReLU, Linear>;
+  auto nets = copies<mlp>(24, [] { return mlp(Linear(32, 64), ReLU(), Linear(64, 64), ReLU(), Linear(64, 4)); });
+  using wide = tdn::Sequential<Linear, ReLU, Linear>;
+  auto wides = copies<wide>(4, [] { return wide(Linear(8, 160), ReLU(), Linear(160, 160)); });
+  const auto compare = [](auto& models, const at::Tensor& x) {
+    const auto params = from_modules(models);
+    auto run = [&](int threads) {
+      intra_op_threads n(threads);
+      return value_and_grads(params, x, [&](const auto& p, const at::Tensor& in) {
+        at::Tensor out = tdn::functional_vmap(models[0], p, tdn::args(in));
+        CHECK_FALSE(graph_has(out, "set_tasks_backward"));
+        return out;
+      });
+    };
+    const auto [one, one_grads] = run(1);
+    const auto [two, two_grads] = run(2);
+    CHECK(two.allclose(one, 1e-6, 1e-7));
+    REQUIRE(two_grads.size() == one_grads.size());
+    for (std::size_t i = 0; i < one_grads.size(); ++i) CHECK(two_grads[i].allclose(one_grads[i], 1e-6, 1e-6));
+  };
+  compare(nets, at::randn({64, 32}));
+  compare(wides, at::randn({64, 8}));
+}
+
 namespace {
 // Stacked MLPs called with their sets in tasks of `per_task` (one task where it is the number of sets).
 struct tasks_case {

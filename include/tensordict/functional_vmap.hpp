@@ -397,10 +397,10 @@ std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std
 // module's own form), the inputs with the dims that map them, call_one(p,
 // inputs...) for one set or under vmap, and lowered(p, inputs, mapped, ctx)
 // giving the batched form's outputs (std::nullopt when there is none).
-// `lowers`: lowered gives a value for these inputs (so that its sets may run in parallel tasks).
+// `in_tasks`: lowered gives a value for these inputs, and its sets may run in parallel tasks.
 template <class Params, class Inputs, std::size_t N, class CallOne, class Lowered>
 auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<in_dim, N> dims, bool any_mapped,
-                         const functional_vmap_options& options, CallOne& call_one, Lowered& lowered, bool lowers) {
+                         const functional_vmap_options& options, CallOne& call_one, Lowered& lowered, bool in_tasks) {
   constexpr std::size_t n_inputs = std::tuple_size_v<Inputs>;
   static_assert(n_inputs == N);
   const c10::IntArrayRef batch = params.batch_size();
@@ -470,7 +470,7 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
       std::array<bool, n_inputs> is_mapped{};
       for (std::size_t k = 0; k < n_inputs; ++k) is_mapped[k] = dims[k].has_value();
       if constexpr (is_tensor_tree<Out>)
-        if (lowers && options.randomness == tensordict::randomness::error)
+        if (in_tasks && options.randomness == tensordict::randomness::error)
           if (auto out = run_in_tasks<Out>(p, chunk_inputs, is_mapped, length, options, lowered)) return std::move(*out);
       auto out = lowered(p, chunk_inputs, is_mapped, batch_context{length, options.randomness});
       if constexpr (std::is_same_v<decltype(out), std::optional<Out>>)
@@ -565,18 +565,22 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
       return one_tensor(p, in, mapped, ctx);
     }
   };
-  bool lowers = false;
+  bool in_tasks = false;
   if constexpr (std::is_same_v<decltype(Method), std::nullptr_t>) {
     if constexpr (requires { batched<Impl>::forward(impl, std::declval<const TensorDict<schema_of<Impl>>&>(), inputs,
                                                     std::array<bool, std::tuple_size_v<decltype(inputs)>>{}, batch_context{}); }) {
-      lowers = true;
-      if constexpr (requires { batched<Impl>::supports(impl); }) lowers = batched<Impl>::supports(impl);
+      in_tasks = true;
+      if constexpr (requires { batched<Impl>::supports(impl); }) in_tasks = batched<Impl>::supports(impl);
     } else if constexpr (detail::one_tensor<decltype(inputs)>()) {
-      lowers = lowers_whole(impl);
+      in_tasks = lowers_whole(impl);
     }
   }
+  // A chain of Linears spreads its sets over the threads inside its runs (detail::linear_run), without
+  // the tasks' views, graphs and joins around it, unless sets_per_task asks for tasks.
+  if constexpr (linear_runs_only_v<Impl>)
+    if (in_tasks && !options.sets_per_task && detail::linear_run::takes(params.values())) in_tasks = false;
   return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims,
-                                     std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered, lowers);
+                                     std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered, in_tasks);
 }
 
 }  // namespace nn

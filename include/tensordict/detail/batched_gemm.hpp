@@ -289,15 +289,24 @@ __attribute__((target("avx2,fma"))) inline void multiply_avx2(std::int64_t sets,
 }
 #endif
 
+// The operand from set `first` on.
+inline strided from_set(strided v, std::int64_t first) {
+  v.data += first * v.set_stride;
+  return v;
+}
+
 // out (a contiguous float [sets, m, n] tensor) = a[s] b[s] (+ bias[s]; undefined: none; [sets, n], or
-// [n] shared), ReLU'd if asked. Call only where takes() and fits() said so.
-inline void multiply(const strided& a, const strided& b, const at::Tensor& bias, bool relu, std::int64_t k, at::Tensor& out) {
-  const std::int64_t sets = out.size(0), m = out.size(1), n = out.size(2);
-  const float* bias_data = bias.defined() ? bias.data_ptr<float>() : nullptr;
+// [n] shared), ReLU'd if asked, for the sets [first, first + count) (count < 0: to the last).
+// Call only where takes() and fits() said so.
+inline void multiply(const strided& a, const strided& b, const at::Tensor& bias, bool relu, std::int64_t k, at::Tensor& out,
+                     std::int64_t first = 0, std::int64_t count = -1) {
+  const std::int64_t sets = count < 0 ? out.size(0) - first : count, m = out.size(1), n = out.size(2);
   const std::int64_t bias_set_stride = bias.defined() && bias.dim() == 2 ? bias.stride(0) : 0;
+  const float* bias_data = bias.defined() ? bias.data_ptr<float>() + first * bias_set_stride : nullptr;
   TORCH_CHECK(!bias.defined() || bias.stride(-1) == 1, "tensordict: batched_gemm: a bias with strided columns");
 #if TENSORDICT_X86_KERNELS
-  multiply_avx2(sets, m, n, k, a, b, bias_data, bias_set_stride, relu, out.data_ptr<float>());
+  multiply_avx2(sets, m, n, k, from_set(a, first), from_set(b, first), bias_data, bias_set_stride, relu,
+                out.data_ptr<float>() + first * m * n);
 #else
   (void)a, (void)b, (void)relu, (void)k, (void)bias_data, (void)bias_set_stride, (void)sets, (void)m, (void)n;
   TORCH_CHECK(false, "tensordict: batched_gemm::multiply on a CPU without AVX2 (takes() said no)");
@@ -350,14 +359,14 @@ __attribute__((target("avx2,fma"))) inline void column_sums(const float* g, std:
 
 // out = g where h > 0, else 0 (a ReLU's backward from its output h), for
 // [sets, rows, n] float tensors: out and h contiguous, g read through its
-// strides (autograd's gradient may be an expanded one); out may be g.
-// Call only where takes() said so.
-inline void relu_backward(const at::Tensor& g, const at::Tensor& h, at::Tensor& out) {
-  const std::int64_t sets = out.size(0), rows = out.size(1), n = out.size(2);
+// strides (autograd's gradient may be an expanded one); out may be g. For the
+// sets [first, first + count) (count < 0: to the last). Call only where takes() said so.
+inline void relu_backward(const at::Tensor& g, const at::Tensor& h, at::Tensor& out, std::int64_t first = 0, std::int64_t count = -1) {
+  const std::int64_t rows = out.size(1), n = out.size(2), end = count < 0 ? out.size(0) : first + count;
   const strided gv = view(g);
   const float* hv = h.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  for (std::int64_t s = 0; s < sets; ++s)
+  for (std::int64_t s = first; s < end; ++s)
     for (std::int64_t i = 0; i < rows; ++i) {
       const std::int64_t at = (s * rows + i) * n;
 #if TENSORDICT_X86_KERNELS
@@ -368,19 +377,18 @@ inline void relu_backward(const at::Tensor& g, const at::Tensor& h, at::Tensor& 
     }
 }
 
-// The sums over the rows of g [sets, rows, n] (read through its strides): a
-// float [sets, n] tensor. Call only where takes() said so.
-inline at::Tensor row_sums(const at::Tensor& g) {
-  const std::int64_t sets = g.size(0), rows = g.size(1), n = g.size(2);
-  at::Tensor out = at::empty({sets, n}, g.options());
+// out[s] = the sum over the rows of g[s] (g [sets, rows, n] read through its strides, out a
+// contiguous float [sets, n] tensor), for the sets [first, first + count). Call only where takes() said so.
+inline void row_sums(const at::Tensor& g, at::Tensor& out, std::int64_t first, std::int64_t count) {
+  const std::int64_t rows = g.size(1), n = g.size(2);
   const strided gv = view(g);
   float* o = out.data_ptr<float>();
 #if TENSORDICT_X86_KERNELS
-  for (std::int64_t s = 0; s < sets; ++s) column_sums(gv.data + s * gv.set_stride, rows, n, gv.row_stride, gv.col_stride, o + s * n);
+  for (std::int64_t s = first; s < first + count; ++s)
+    column_sums(gv.data + s * gv.set_stride, rows, n, gv.row_stride, gv.col_stride, o + s * n);
 #else
-  (void)o, (void)sets, (void)rows, (void)n;
+  (void)o, (void)rows, (void)n, (void)first, (void)count;
 #endif
-  return out;
 }
 
 }  // namespace tensordict::detail::batched_gemm

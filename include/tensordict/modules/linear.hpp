@@ -31,6 +31,8 @@ using linear_family = type_list<torch::nn::LinearImpl, torch::nn::BilinearImpl>;
 class linear_run {
  public:
   TENSORDICT_DECL linear_run(const stacked& x, std::int64_t sets);
+  // Whether runs take these params (float32 CPU tensors on a CPU with AVX2 and FMA).
+  TENSORDICT_DECL static bool takes(const std::vector<at::Tensor>& params);
   // Whether the run takes this Linear's params (w [sets, out, in], b [sets, out] or undefined) next.
   TENSORDICT_DECL bool add(const at::Tensor& w, const at::Tensor& b);
   // Whether the run takes a ReLU next (after a Linear without one).
@@ -55,6 +57,12 @@ class linear_run {
   std::vector<std::int64_t> relu_;     // per layer: whether a ReLU follows
 };
 }  // namespace detail
+
+// Whether the batched form of a module type is linear_runs alone (a Linear;
+// sequential.hpp: a typed Sequential of Linears and ReLUs that starts with
+// one): those spread their sets over the intra-op threads themselves.
+template <class Impl>
+inline constexpr bool linear_runs_only_v = std::is_same_v<Impl, torch::nn::LinearImpl>;
 
 TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::LinearImpl)
 TENSORDICT_MODULE_WEIGHT_BIAS(torch::nn::BilinearImpl)
@@ -89,19 +97,24 @@ struct functional<torch::nn::BilinearImpl> {
 }  // namespace tensordict::nn
 
 #if TENSORDICT_DEFINITIONS
+#include <algorithm>
+
+#include <ATen/Parallel.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/relu.h>
+#include <ATen/ops/relu.h>  // Tensor::relu_
 #include <ATen/ops/sum.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "../detail/batched_gemm.hpp"
+#include "../detail/core_cache.hpp"
 #include "../detail/format.hpp"
+#include "../detail/parallel_sets.hpp"
 #include "../errors.hpp"
 
 namespace tensordict::nn {
@@ -109,12 +122,14 @@ namespace tensordict::nn {
 namespace detail {
 namespace gemm = ::tensordict::detail::batched_gemm;
 
-// out[s] = a[s] b[s] (+ bias[s] where defined) by one BLAS call per set, as
-// the members' own Linears make them (an operand of 2 dims: every set shares
-// it): the layers beyond batched_gemm's sizes. A batched matmul would take
-// the same calls, plus the copies of its transposed gradients.
-TENSORDICT_DECL void blas_products(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, at::Tensor& out) {
-  for (std::int64_t s = 0; s < out.size(0); ++s) {
+// out[s] = a[s] b[s] (+ bias[s] where defined) for the sets [first, first +
+// count), by one BLAS call per set as the members' own Linears make them (an
+// operand of 2 dims: every set shares it): the layers beyond batched_gemm's
+// sizes. A batched matmul would take the same calls, plus the copies of its
+// transposed gradients.
+TENSORDICT_DECL void blas_products(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, at::Tensor& out, std::int64_t first,
+                                   std::int64_t count) {
+  for (std::int64_t s = first; s < first + count; ++s) {
     at::Tensor o = out.select(0, s);
     const at::Tensor as = a.dim() == 2 ? a : a.select(0, s), bs = b.dim() == 2 ? b : b.select(0, s);
     if (bias.defined())
@@ -124,26 +139,63 @@ TENSORDICT_DECL void blas_products(const at::Tensor& a, const at::Tensor& b, con
   }
 }
 
+// Sets per group: a linear_run takes its layers a group of sets at a time,
+// so that one layer's output is still in the core's cache when the next
+// reads it (a layer at a time over every set streamed each activation
+// through memory, which two threads then shared). A set's part: its
+// weights, and its rows in and out of each layer.
+TENSORDICT_DECL std::int64_t sets_per_group(std::int64_t rows, at::TensorList tensors) {
+  std::int64_t bytes = 0;
+  for (std::size_t l = 0; 2 * l < tensors.size(); ++l) {
+    const at::Tensor& w = tensors[2 * l];
+    bytes += static_cast<std::int64_t>(sizeof(float)) * (w.size(1) * w.size(2) + rows * (w.size(1) + w.size(2)));
+  }
+  return std::max<std::int64_t>(1, ::tensordict::detail::core_cache_bytes() / 2 / std::max<std::int64_t>(1, bytes));
+}
+
+// Runs body(first, count) over the sets a group at a time, the groups in
+// parallel across libtorch's intra-op threads where the run's products are
+// worth a second thread (4 MFLOP a thread, as for set tasks): inside one
+// autograd node, without a task's views, graph and joins.
+template <class Body>
+void for_each_group(std::int64_t sets, std::int64_t rows, at::TensorList tensors, Body&& body) {
+  const std::int64_t group = sets_per_group(rows, tensors), groups = (sets + group - 1) / group;
+  double flops = 0;
+  for (std::size_t l = 0; 2 * l < tensors.size(); ++l)
+    flops += 2.0 * static_cast<double>(sets * rows) * static_cast<double>(tensors[2 * l].size(1) * tensors[2 * l].size(2));
+  const std::int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  if (std::min({groups, threads, static_cast<std::int64_t>(flops / 4e6)}) < 2) {
+    for (std::int64_t first = 0; first < sets; first += group) body(first, std::min(group, sets - first));
+    return;
+  }
+  const ::tensordict::detail::set_tasks_plan plan{groups, 1, {}, nullptr};
+  plan.for_each_task([&](std::int64_t g) { body(g * group, std::min(group, sets - g * group)); });
+}
+
 // The layers of a linear_run applied to x ([sets, rows, in], or [rows, in]
 // every set shares): tensors are w, b per layer (b empty: none), relu whether
 // a ReLU follows each. Returns every layer's output, [sets, rows, out] each.
 TENSORDICT_DECL std::vector<at::Tensor> linear_run_forward(const at::Tensor& x, at::TensorList tensors, const std::vector<std::int64_t>& relu) {
-  std::vector<at::Tensor> outputs;
-  const at::Tensor* h = &x;
-  for (std::size_t l = 0; l < relu.size(); ++l) {
+  const std::size_t layers = relu.size();
+  const std::int64_t sets = tensors[0].size(0), rows = x.size(-2);
+  std::vector<at::Tensor> outputs, biases;
+  for (std::size_t l = 0; l < layers; ++l) {
     const at::Tensor &w = tensors[2 * l], &b = tensors[2 * l + 1];
-    at::Tensor y = at::empty({w.size(0), x.size(-2), w.size(1)}, w.options());
-    const at::Tensor bias = b.numel() == 0 ? at::Tensor() : b;
-    if (gemm::fits(x.size(-2), w.size(1), w.size(2))) {
-      gemm::multiply(gemm::view(*h), gemm::transposed(w), bias.defined() && !bias.is_contiguous() ? bias.contiguous() : bias,
-                     relu[l] != 0, w.size(2), y);
-    } else {
-      blas_products(*h, w.transpose(1, 2), bias, y);
-      if (relu[l]) at::relu_(y);
-    }
-    outputs.push_back(std::move(y));
-    h = &outputs.back();
+    outputs.push_back(at::empty({sets, rows, w.size(1)}, w.options()));
+    biases.push_back(b.numel() == 0 ? at::Tensor() : b.is_contiguous() ? b : b.contiguous());
   }
+  for_each_group(sets, rows, tensors, [&](std::int64_t first, std::int64_t count) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      const at::Tensor& w = tensors[2 * l];
+      const at::Tensor& h = l == 0 ? x : outputs[l - 1];
+      if (gemm::fits(rows, w.size(1), w.size(2))) {
+        gemm::multiply(gemm::view(h), gemm::transposed(w), biases[l], relu[l] != 0, w.size(2), outputs[l], first, count);
+      } else {
+        blas_products(h, w.transpose(1, 2), biases[l], outputs[l], first, count);
+        if (relu[l]) outputs[l].narrow(0, first, count).relu_();
+      }
+    }
+  });
   return outputs;
 }
 
@@ -159,11 +211,11 @@ TENSORDICT_DECL at::Tensor linear_run_reference(const at::Tensor& x, at::TensorL
 }
 
 // A linear_run as one autograd node of (x, w0, b0, w1, b1, ...). Its backward
-// is batched_gemm's products too (per layer, from the output back: the ReLU's
-// mask, gb = the rows' sum, gw = g^T h, g = g w); where a graph of the
-// backward is asked for (create_graph) it differentiates
-// linear_run_reference on the saved inputs instead, so that second
-// derivatives stay exact.
+// is the forward's products too, a group of sets at a time (per layer, from
+// the output back: the ReLU's mask, gb = the rows' sum, gw = g^T h, g = g w);
+// where a graph of the backward is asked for (create_graph) it
+// differentiates linear_run_reference on the saved inputs instead, so that
+// second derivatives stay exact.
 struct linear_run_function : torch::autograd::Function<linear_run_function> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, std::vector<std::int64_t> relu) {
     std::vector<at::Tensor> outputs = linear_run_forward(inputs[0], inputs.slice(1), relu);
@@ -195,38 +247,46 @@ struct linear_run_function : torch::autograd::Function<linear_run_function> {
     }
     // The input of layer l: x, or the output of layer l - 1.
     const auto input_of = [&](std::size_t l) -> const at::Tensor& { return l == 0 ? x : saved[count + l - 1]; };
-    std::size_t first = 0;  // the first input that needs a gradient: layers before its own need none
-    while (first < count && !ctx->needs_input_grad(first)) ++first;
-    at::Tensor g = grads[0];
-    for (std::size_t l = layers; l-- > 0;) {
-      if (2 * l + 2 < first) break;
-      if (relu[l]) {
-        at::Tensor masked = g.is_contiguous() && l + 1 < layers ? g : at::empty(saved[count + l].sizes(), g.options());
-        gemm::relu_backward(g, saved[count + l], masked);
-        g = masked;
-      }
+    std::size_t wanted = 0;  // the first input that needs a gradient: layers before its own need none
+    while (wanted < count && !ctx->needs_input_grad(wanted)) ++wanted;
+    const std::int64_t sets = tensors[0].size(0), rows = grads[0].size(1);
+    // Per layer that the backward reaches (from `last` on): the gradient at its output (before the
+    // ReLU's mask: the next layer's input gradient, or the call's), and where wanted the mask's
+    // result (in place where the gradient is the library's own), gw, gb and the input's gradient.
+    std::size_t last = 0;
+    while (2 * last + 2 < wanted) ++last;
+    std::vector<at::Tensor> g_out(layers), masked(layers), g_in(layers);
+    for (std::size_t l = layers; l-- > last;) {
       const at::Tensor& w = tensors[2 * l];
-      const std::int64_t sets = w.size(0), rows = g.size(1), out_features = w.size(1), in = w.size(2);
-      if (tensors[2 * l + 1].numel() > 0 && ctx->needs_input_grad(2 * l + 2)) out[2 * l + 2] = gemm::row_sums(g);
-      const bool kernel = gemm::fits(rows, out_features, in);  // the forward's choice: the three products have its size
-      if (ctx->needs_input_grad(2 * l + 1)) {
-        at::Tensor gw = at::empty({sets, out_features, in}, g.options());
-        if (kernel)
-          gemm::multiply(gemm::transposed(g), gemm::view(input_of(l)), at::Tensor(), false, rows, gw);
-        else
-          blas_products(g.transpose(1, 2), input_of(l), at::Tensor(), gw);
-        out[2 * l + 1] = gw;
-      }
-      if (2 * l + 1 > first) {  // an earlier input needs g of this layer's input
-        at::Tensor gx = at::empty({sets, rows, in}, g.options());
-        if (kernel)
-          gemm::multiply(gemm::view(g), gemm::view(w), at::Tensor(), false, out_features, gx);
-        else
-          blas_products(g, w, at::Tensor(), gx);
-        g = gx;
-      }
+      g_out[l] = l + 1 == layers ? grads[0] : g_in[l + 1];
+      if (relu[l]) masked[l] = l + 1 < layers ? g_out[l] : at::empty(saved[count + l].sizes(), grads[0].options());
+      if (tensors[2 * l + 1].numel() > 0 && ctx->needs_input_grad(2 * l + 2)) out[2 * l + 2] = at::empty({sets, w.size(1)}, grads[0].options());
+      if (ctx->needs_input_grad(2 * l + 1)) out[2 * l + 1] = at::empty({sets, w.size(1), w.size(2)}, grads[0].options());
+      if (2 * l + 1 > wanted) g_in[l] = at::empty({sets, rows, w.size(2)}, grads[0].options());  // an earlier input needs it
     }
-    if (ctx->needs_input_grad(0)) out[0] = x.dim() == 2 ? g.sum(0) : g;
+    for_each_group(sets, rows, tensors, [&](std::int64_t first, std::int64_t n) {
+      for (std::size_t l = layers; l-- > last;) {
+        const at::Tensor& w = tensors[2 * l];
+        const std::int64_t out_features = w.size(1), in = w.size(2);
+        const bool kernel = gemm::fits(rows, out_features, in);  // the forward's choice: the three products have its size
+        const at::Tensor& g = relu[l] ? masked[l] : g_out[l];
+        if (relu[l]) gemm::relu_backward(g_out[l], saved[count + l], masked[l], first, n);
+        if (out[2 * l + 2].defined()) gemm::row_sums(g, out[2 * l + 2], first, n);
+        if (out[2 * l + 1].defined()) {
+          if (kernel)
+            gemm::multiply(gemm::transposed(g), gemm::view(input_of(l)), at::Tensor(), false, rows, out[2 * l + 1], first, n);
+          else
+            blas_products(g.transpose(1, 2), input_of(l), at::Tensor(), out[2 * l + 1], first, n);
+        }
+        if (g_in[l].defined()) {
+          if (kernel)
+            gemm::multiply(gemm::view(g), gemm::view(w), at::Tensor(), false, out_features, g_in[l], first, n);
+          else
+            blas_products(g, w, at::Tensor(), g_in[l], first, n);
+        }
+      }
+    });
+    if (ctx->needs_input_grad(0)) out[0] = x.dim() == 2 ? g_in[0].sum(0) : g_in[0];
     return out;
   }
 };
@@ -241,6 +301,10 @@ TENSORDICT_DECL linear_run::linear_run(const stacked& x, std::int64_t sets) : x_
   flat_ = x.mapped ? (own_dims == 2 ? x.value : x.value.reshape({sets, -1, width_}))
                    : (own_dims == 2 ? x.value : x.value.reshape({-1, width_}));
   rows_ = flat_.size(-2);
+}
+
+TENSORDICT_DECL bool linear_run::takes(const std::vector<at::Tensor>& params) {
+  return std::all_of(params.begin(), params.end(), [](const at::Tensor& t) { return gemm::takes({&t}); });
 }
 
 TENSORDICT_DECL bool linear_run::add(const at::Tensor& w, const at::Tensor& b) {

@@ -178,6 +178,12 @@ template <class... Holders>
 struct touches_module<SequentialImpl<Holders...>> : std::disjunction<touches_module<impl_of_t<Holders>>...> {};
 template <class Impl>
 inline constexpr bool touches_module_v = touches_module<Impl>::value;
+
+// A typed Sequential of Linears and ReLUs that starts with a Linear is linear_runs alone (linear.hpp).
+template <class First, class... Rest>
+inline constexpr bool linear_runs_only_v<SequentialImpl<First, Rest...>> =
+    std::is_same_v<impl_of_t<First>, torch::nn::LinearImpl> &&
+    ((std::is_same_v<impl_of_t<Rest>, torch::nn::LinearImpl> || std::is_same_v<impl_of_t<Rest>, torch::nn::ReLUImpl>) && ...);
 }  // namespace nn
 
 namespace nn {
