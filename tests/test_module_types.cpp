@@ -4,6 +4,7 @@
 // functional_call and functional_vmap as their own forwards do.
 #include "catch_torch.hpp"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,8 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/stack.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/modules/adaptive.h>
 #include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -257,6 +260,83 @@ TEST_CASE("pooling, padding, resampling and local response norms fold the sets i
   check_type(N::Unfold(N::UnfoldOptions({2, 3})), at::randn({2, 3, 4, 5}));
   check_type(N::LocalResponseNorm(2), at::randn({2, 4, 5, 5}));
   check_type(N::CrossMapLRN2d(3), at::randn({2, 4, 5, 5}));
+}
+
+// MaxPool2d lowered on contiguous memory is the library's kernel (a gather by its window indices under autograd):
+// each set's values, gradients and double backward are exactly its own max_pool2d's, with ties (the first max of a
+// window in row-major order), NaNs (the last NaN), padding, dilation and ceil_mode; other memory goes to libtorch.
+namespace {
+// Whether a node of y's autograd graph has `name` in its name.
+bool graph_has(const at::Tensor& y, const std::string& name) {
+  std::vector<torch::autograd::Node*> todo{y.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    if (node->name().find(name) != std::string::npos) return true;
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
+  return false;
+}
+}  // namespace
+
+TEST_CASE("MaxPool2d's lowered kernel takes the same maxima and indices as libtorch's max_pool2d", "[module_types]") {
+  namespace N = torch::nn;
+  const auto same = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.sizes() == b.sizes() && a.dtype() == b.dtype() && a.allclose(b, 0, 0, /*equal_nan=*/true);
+  };
+  const auto check = [&](N::MaxPool2d pool, const at::Tensor& per_set, const char* backward) {
+    INFO(pool->options.kernel_size() << " stride " << pool->options.stride() << " padding " << pool->options.padding()
+                                     << " dilation " << pool->options.dilation() << " ceil " << pool->options.ceil_mode()
+                                     << " on " << per_set.sizes() << " " << per_set.dtype());
+    auto members = three(pool);
+    const at::Tensor x = per_set.clone().requires_grad_();
+    const at::Tensor y = tdn::functional_vmap(pool, from_modules(members), {}, tdn::kwargs(tdn::kw<"input">(x)),
+                                              tdn::in_dims(tdn::in_dim_of<"input">(0)));
+    CHECK(graph_has(y, backward));
+    // The gradient of the input, taken with create_graph, and that gradient's own gradient to the upstream one.
+    const at::Tensor upstream = at::randn(y.sizes(), y.options()).requires_grad_();
+    const at::Tensor dx = torch::autograd::grad({y}, {x}, {upstream}, true, true)[0];
+    const at::Tensor w = at::randn(dx.sizes(), dx.options());
+    (dx * w).sum().backward();
+    {
+      at::NoGradGuard no_grad;
+      CHECK(same(tdn::functional_vmap(pool, from_modules(members), {}, tdn::kwargs(tdn::kw<"input">(per_set)),
+                                      tdn::in_dims(tdn::in_dim_of<"input">(0))),
+                 y.detach()));
+    }
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor xi = per_set[i].detach().requires_grad_();
+      const at::Tensor yi = pool->forward(xi);
+      const at::Tensor ui = upstream[i].detach().requires_grad_();
+      const at::Tensor dxi = torch::autograd::grad({yi}, {xi}, {ui}, true, true)[0];
+      (dxi * w[i]).sum().backward();
+      CHECK(same(y[i].detach(), yi.detach()));
+      CHECK(same(dx[i].detach(), dxi.detach()));
+      CHECK(same(upstream.grad()[i], ui.grad()));
+    }
+  };
+  const at::Tensor ties = at::randint(0, 3, {3, 2, 3, 7, 9}).to(at::kFloat);  // many equal maxima per window
+  check(N::MaxPool2d(2), ties, "Gather");
+  check(N::MaxPool2d(2), ties.select(1, 0), "Gather");  // unbatched [C, H, W] per set
+  check(N::MaxPool2d(N::MaxPool2dOptions({3, 2}).stride({2, 1}).padding({1, 0}).dilation({1, 2}).ceil_mode(true)),
+        ties, "Gather");
+  check(N::MaxPool2d(N::MaxPool2dOptions(3).stride(2).padding(1).ceil_mode(true)), at::randn({3, 2, 2, 8, 8}), "Gather");
+  check(N::MaxPool2d(N::MaxPool2dOptions(2).dilation(2)), at::randn({3, 1, 2, 9, 6}, at::kDouble), "Gather");
+  at::Tensor nans = at::randn({3, 2, 2, 6, 6});
+  nans.index_put_({0, 0, 0, 0, 0}, NAN);
+  nans.index_put_({1, 1, 1, 2, 3}, NAN);
+  nans.index_put_({1, 1, 1, 3, 3}, NAN);  // two NaNs in one window: the last one's index
+  nans.index_put_({2, 0, 1, 4, 5}, -INFINITY);
+  check(N::MaxPool2d(2), nans, "Gather");
+  // Channels-last images (the lowered convolutions' output on libtorch 1.x): libtorch's own kernel.
+  const at::Tensor channels_last = at::randn({3, 2, 4, 6, 6}).flatten(0, 1).contiguous(at::MemoryFormat::ChannelsLast);
+  check(N::MaxPool2d(2), channels_last.unflatten(0, {3, 2}), "MaxPool2DWithIndices");
+  // An input libtorch refuses is refused lowered too, with its message.
+  N::MaxPool2d too_big(N::MaxPool2dOptions(5));
+  auto members = three(too_big);
+  CHECK_THROWS(tdn::functional_vmap(too_big, from_modules(members), tdn::args(at::randn({2, 3, 4, 4}))));
 }
 
 TEST_CASE("dropouts and RReLU in eval are their forwards; torch::nn::Functional goes through vmap", "[module_types]") {

@@ -9,6 +9,7 @@
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
 #include "parameter_free.hpp"  // random_batched
 
+#include <array>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -20,6 +21,7 @@
 #include <torch/nn/modules/pooling.h>
 
 #include "../detail/compat.hpp"
+#include "../detail/max_pool_planes.hpp"
 #include "../errors.hpp"
 
 #include "adapter.hpp"
@@ -99,6 +101,19 @@ bool averages_to_one(const Impl& m) {
 }
 }  // namespace detail
 
+namespace detail {
+// MaxPool2d's forward by the library's kernel where it takes the value (contiguous memory, as libtorch 2.x's lowered
+// convolutions leave it), else by the module's own.
+inline at::Tensor max_pool2d(torch::nn::MaxPool2dImpl& m, const at::Tensor& v) {
+  const auto& o = m.options;
+  std::array<::tensordict::detail::pooling_axis, 2> axes{};
+  for (std::size_t d = 0; d < 2; ++d)
+    axes[d] = {(*o.kernel_size())[d], (*o.stride())[d], (*o.padding())[d], (*o.dilation())[d]};
+  if (auto y = ::tensordict::detail::max_pool2d_planes(v, axes, o.ceil_mode())) return *std::move(y);
+  return m.forward(v);
+}
+}  // namespace detail
+
 // Each channel pooled on its own: the sets fold into the batch, or into the channels of a convolution's output.
 // Global average pooling is a sum over the pooled dims and one division, on the value as it lies: its backward
 // broadcasts the gradient, where libtorch's mean materializes a contiguous one, which then meets a channels-last
@@ -121,6 +136,8 @@ struct batched<Impl> {
       }
       if (count > 0) return {x.value.sum(dims, /*keepdim=*/true).div(count), x.mapped};
     }
+    if constexpr (std::is_same_v<Impl, torch::nn::MaxPool2dImpl>)
+      return fold_sets_channel_wise(x, pooled + 2, [&](const at::Tensor& v) { return detail::max_pool2d(m, v); });
     return channel_wise_batched<Impl, pooled + 2>::forward(m, p, x, ctx);
   }
 };
