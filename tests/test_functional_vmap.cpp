@@ -1,6 +1,7 @@
 #include "catch_torch.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstring>
 #include <optional>
@@ -384,6 +385,34 @@ TEST_CASE("Linear runs on the library's own batched GEMM (AVX2), large layers on
   REQUIRE(y_tangent.defined());
   for (std::size_t i = 0; i < odd.size(); ++i)
     CHECK(y_tangent[static_cast<std::int64_t>(i)].allclose(at::matmul(tangent, odd[i]->weight.t()), 1e-4, 1e-5));
+}
+
+// In a typed Sequential a ReLU before a max pooling runs after it: the same values (NaNs, windows of no positive
+// value) and the same gradients as each member's own forward.
+TEST_CASE("a ReLU before a max pooling runs after it, with the members' values and gradients", "[functional_vmap]") {
+  using relu_pool = tdn::Sequential<torch::nn::ReLU, torch::nn::MaxPool2d>;
+  const auto same = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.sizes() == b.sizes() && a.allclose(b, 0, 0, /*equal_nan=*/true);
+  };
+  at::Tensor per_set = at::randint(-3, 3, {3, 2, 2, 7, 7}).to(at::kFloat);  // ties, zeros, all-negative windows
+  per_set.index_put_({1, 0, 1, 2, 2}, NAN);
+  for (auto options : {torch::nn::MaxPool2dOptions(2), torch::nn::MaxPool2dOptions(3).stride(2).padding(1).ceil_mode(true)}) {
+    auto members = copies<relu_pool>(3, [&] { return relu_pool(torch::nn::ReLU(), torch::nn::MaxPool2d(options)); });
+    const at::Tensor x = per_set.clone().requires_grad_();
+    const at::Tensor y = tdn::functional_vmap(members[0], from_modules(members), {}, tdn::kwargs(tdn::kw<"input">(x)),
+                                              tdn::in_dims(tdn::in_dim_of<"input">(0)));
+    REQUIRE(y.grad_fn());
+    CHECK(std::string(y.grad_fn()->name()).find("Relu") != std::string::npos);  // the ReLU last
+    const at::Tensor upstream = at::randn(y.sizes());
+    y.backward(upstream);
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor xi = per_set[i].clone().requires_grad_();
+      const at::Tensor yi = members[static_cast<std::size_t>(i)]->forward(xi);
+      yi.backward(upstream[i]);
+      CHECK(same(y[i].detach(), yi.detach()));
+      CHECK(same(x.grad()[i], xi.grad()));
+    }
+  }
 }
 
 TEST_CASE("TransformerDecoderLayer: lowered (target and memory, each shared or per set) equals the loop and its forwards",

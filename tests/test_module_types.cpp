@@ -16,11 +16,15 @@
 #include <vector>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/_make_dual.h>
+#include <ATen/ops/_unpack_dual.h>
+#include <ATen/ops/max_pool2d_with_indices.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/stack.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/modules/adaptive.h>
 #include <torch/nn/modules/container/functional.h>
@@ -333,6 +337,25 @@ TEST_CASE("MaxPool2d's lowered kernel takes the same maxima and indices as libto
   // Channels-last images (the lowered convolutions' output on libtorch 1.x): libtorch's own kernel.
   const at::Tensor channels_last = at::randn({3, 2, 4, 6, 6}).flatten(0, 1).contiguous(at::MemoryFormat::ChannelsLast);
   check(N::MaxPool2d(2), channels_last.unflatten(0, {3, 2}), "MaxPool2DWithIndices");
+  // A dual tensor (forward-mode AD) keeps libtorch's max_pool2d, which carries its tangent.
+  const std::uint64_t level = torch::autograd::ForwardADLevel::get_next_idx();
+  const at::Tensor primal = at::randn({3, 2, 2, 6, 6}), tangent = at::randn({3, 2, 2, 6, 6});
+  at::Tensor y_tangent;
+  N::MaxPool2d pool(2);
+  auto pools = three(pool);
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor dual_out = tdn::functional_vmap(pool, from_modules(pools), {},
+                                                     tdn::kwargs(tdn::kw<"input">(at::_make_dual(primal, tangent, level))),
+                                                     tdn::in_dims(tdn::in_dim_of<"input">(0)));
+    y_tangent = std::get<1>(at::_unpack_dual(dual_out, static_cast<std::int64_t>(level)));
+  }
+  torch::autograd::ForwardADLevel::release_idx(level);
+  REQUIRE(y_tangent.defined());
+  for (std::int64_t i = 0; i < 3; ++i) {
+    const at::Tensor indices = std::get<1>(at::max_pool2d_with_indices(primal[i], {2, 2}));
+    CHECK(y_tangent[i].equal(tangent[i].flatten(-2).gather(-1, indices.flatten(-2)).view_as(indices)));
+  }
   // An input libtorch refuses is refused lowered too, with its message.
   N::MaxPool2d too_big(N::MaxPool2dOptions(5));
   auto members = three(too_big);

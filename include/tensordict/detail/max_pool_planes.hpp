@@ -156,8 +156,11 @@ void max_pool_planes(const T* in, T* out, std::int64_t* indices, std::int64_t pl
 // the same positions as max_pool2d's, and a create_graph backward differentiates it again.
 inline std::optional<at::Tensor> max_pool2d_planes(const at::Tensor& x, const std::array<pooling_axis, 2>& axes,
                                                    bool ceil_mode) {
+  // Inside vmap or a functorch transform a tensor is a wrapper without storage of its own; a dual tensor's tangent
+  // (forward-mode AD) this kernel would not carry.
   if (!x.defined() || !x.device().is_cpu() || x.layout() != at::kStrided || (x.dim() != 3 && x.dim() != 4) ||
-      !x.is_contiguous() || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) || x.numel() == 0)
+      !x.has_storage() || x._fw_grad(/*level=*/0).defined() || !x.is_contiguous() ||
+      (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) || x.numel() == 0)
     return std::nullopt;
   for (const pooling_axis& a : axes)
     if (a.kernel <= 0 || a.stride <= 0 || a.dilation <= 0 || a.padding < 0 || a.padding > a.kernel / 2)

@@ -40,6 +40,7 @@ using sample_pooling_family =
               torch::nn::LPPool3dImpl,
 #endif
               torch::nn::LPPool2dImpl>;
+using max_pooling_family = type_list<torch::nn::MaxPool1dImpl, torch::nn::MaxPool2dImpl, torch::nn::MaxPool3dImpl>;
 using pooling_family = typename concat_lists<sample_pooling_family, unpooling_family, fractional_pooling_family>::type;
 }  // namespace detail
 

@@ -14,6 +14,7 @@
 
 #include "adapter.hpp"
 #include "linear.hpp"  // its children's Linears and ReLUs run as one detail::linear_run
+#include "pooling.hpp"  // a ReLU before a max pooling runs after it
 
 #include <torch/nn/modules/activation.h>
 
@@ -208,6 +209,20 @@ struct batched<SequentialImpl<Holders...>> {
       detail::linear_run run(x, ctx.sets);
       const auto params = detail::child_params<I>(p);
       if (run.add(params.leaf(0), params.leaf(1))) return gather<I + 1>(m, p, run, ctx);
+    }
+    if constexpr (I + 1 < sizeof...(Holders) && std::is_same_v<child_impl<I>, torch::nn::ReLUImpl>) {
+      if constexpr (detail::in_list_v<child_impl<I + 1>, detail::max_pooling_family>) {
+        // A ReLU before a max pooling runs after it, on a quarter of the values (MaxPool2d(2)), it and its backward:
+        // each window's max of the ReLU's output is the ReLU of its max, and the gradient goes to the same input
+        // (to none where the max is not positive). Only a zero's sign may differ: the ReLU of [-1, -0.0]'s max is
+        // -0.0, the max of its ReLU +0.0.
+        const stacked pooled = call_stacked(*m.template child<I + 1>(), detail::child_params<I + 1>(p), x, ctx);
+        const stacked out = call_stacked(child, detail::child_params<I>(p), pooled, ctx);
+        if constexpr (I + 2 == sizeof...(Holders))
+          return out;
+        else
+          return chain<I + 2>(m, p, out, ctx);
+      }
     }
     stacked out = call_stacked(child, detail::child_params<I>(p), x, ctx);
     if constexpr (I + 1 == sizeof...(Holders))
