@@ -60,14 +60,16 @@ TENSORDICT_DECL std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::in
 
 namespace tensordict::detail {
 
+// The work a task or thread must have to outweigh its start: 4 MFLOP, some 50 us of a core.
+inline constexpr double flops_worth_a_thread = 4e6;
+
 // Sets per task: as many as fit in a core's cache by the estimate, but at
 // most two tasks per thread (each task costs its ops' fixed overheads again;
 // measured on 128 and 8 sets, more tasks did not pay), at least one per
-// thread, a number the threads share evenly, and enough work per task
-// (4 MFLOP, some 50 us of a core) to outweigh a task's start.
+// thread, a number the threads share evenly, and flops_worth_a_thread per task.
 TENSORDICT_DECL std::int64_t sets_per_task(std::int64_t sets, std::int64_t bytes_per_set, double flops_per_set, std::int64_t threads) {
   const std::int64_t fit = std::max<std::int64_t>(1, core_cache_bytes() / std::max<std::int64_t>(1, bytes_per_set));
-  const std::int64_t worth = static_cast<std::int64_t>(4e6 / std::max(1.0, flops_per_set)) + 1;
+  const std::int64_t worth = static_cast<std::int64_t>(flops_worth_a_thread / std::max(1.0, flops_per_set)) + 1;
   const std::int64_t fewest = (sets + 2 * threads - 1) / (2 * threads);
   std::int64_t tasks = (sets + std::max({fit, worth, fewest}) - 1) / std::max({fit, worth, fewest});
   if (tasks < 2) return sets;

@@ -155,7 +155,7 @@ TENSORDICT_DECL std::int64_t sets_per_group(std::int64_t rows, at::TensorList te
 
 // Runs body(first, count) over the sets a group at a time, the groups in
 // parallel across libtorch's intra-op threads where the run's products are
-// worth a second thread (4 MFLOP a thread, as for set tasks): inside one
+// worth a second thread (flops_worth_a_thread, as for set tasks): inside one
 // autograd node, without a task's views, graph and joins.
 template <class Body>
 void for_each_group(std::int64_t sets, std::int64_t rows, at::TensorList tensors, Body&& body) {
@@ -164,7 +164,7 @@ void for_each_group(std::int64_t sets, std::int64_t rows, at::TensorList tensors
   for (std::size_t l = 0; 2 * l < tensors.size(); ++l)
     flops += 2.0 * static_cast<double>(sets * rows) * static_cast<double>(tensors[2 * l].size(1) * tensors[2 * l].size(2));
   const std::int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  if (std::min({groups, threads, static_cast<std::int64_t>(flops / 4e6)}) < 2) {
+  if (std::min({groups, threads, static_cast<std::int64_t>(flops / ::tensordict::detail::flops_worth_a_thread)}) < 2) {
     for (std::int64_t first = 0; first < sets; first += group) body(first, std::min(group, sets - first));
     return;
   }

@@ -9,7 +9,6 @@
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
 #include "parameter_free.hpp"  // random_batched
 
-#include <array>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -21,7 +20,7 @@
 #include <torch/nn/modules/pooling.h>
 
 #include "../detail/compat.hpp"
-#include "../detail/max_pool_planes.hpp"
+#include "../detail/config.hpp"
 #include "../errors.hpp"
 
 #include "adapter.hpp"
@@ -105,14 +104,7 @@ bool averages_to_one(const Impl& m) {
 namespace detail {
 // MaxPool2d's forward by the library's kernel where it takes the value (contiguous memory, as libtorch 2.x's lowered
 // convolutions leave it), else by the module's own.
-inline at::Tensor max_pool2d(torch::nn::MaxPool2dImpl& m, const at::Tensor& v) {
-  const auto& o = m.options;
-  std::array<::tensordict::detail::pooling_axis, 2> axes{};
-  for (std::size_t d = 0; d < 2; ++d)
-    axes[d] = {(*o.kernel_size())[d], (*o.stride())[d], (*o.padding())[d], (*o.dilation())[d]};
-  if (auto y = ::tensordict::detail::max_pool2d_planes(v, axes, o.ceil_mode())) return *std::move(y);
-  return m.forward(v);
-}
+TENSORDICT_DECL at::Tensor max_pool2d(torch::nn::MaxPool2dImpl& m, const at::Tensor& v);
 }  // namespace detail
 
 // Each channel pooled on its own: the sets fold into the batch, or into the channels of a convolution's output.
@@ -211,3 +203,20 @@ struct batched<Impl> {
 };
 
 }  // namespace tensordict::nn
+
+#if TENSORDICT_DEFINITIONS
+#include <array>
+
+#include "../detail/max_pool_planes.hpp"
+
+namespace tensordict::nn::detail {
+TENSORDICT_DECL at::Tensor max_pool2d(torch::nn::MaxPool2dImpl& m, const at::Tensor& v) {
+  const auto& o = m.options;
+  std::array<::tensordict::detail::pooling_axis, 2> axes{};
+  for (std::size_t d = 0; d < 2; ++d)
+    axes[d] = {(*o.kernel_size())[d], (*o.stride())[d], (*o.padding())[d], (*o.dilation())[d]};
+  if (auto y = ::tensordict::detail::max_pool2d_planes(v, axes, o.ceil_mode())) return *std::move(y);
+  return m.forward(v);
+}
+}  // namespace tensordict::nn::detail
+#endif  // TENSORDICT_DEFINITIONS
