@@ -13,11 +13,15 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/_make_dual.h>
 #include <ATen/ops/_unpack_dual.h>
+#include <ATen/ops/baddbmm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/relu.h>
 #include <ATen/ops/stack.h>
+#include <ATen/ops/threshold_backward.h>
 
+#include <tensordict/detail/batched_gemm.hpp>
 #include <tensordict/functional_vmap.hpp>
 
 #include <torch/csrc/autograd/forward_grad.h>
@@ -385,6 +389,124 @@ TEST_CASE("Linear runs on the library's own batched GEMM (AVX2), large layers on
   REQUIRE(y_tangent.defined());
   for (std::size_t i = 0; i < odd.size(); ++i)
     CHECK(y_tangent[static_cast<std::int64_t>(i)].allclose(at::matmul(tangent, odd[i]->weight.t()), 1e-4, 1e-5));
+}
+
+namespace {
+// Bit for bit, NaN equal to NaN (any payload) and -0.0 apart from 0.0.
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.sizes().equals(b.sizes())) return false;
+  const at::Tensor both_nan = a.isnan() & b.isnan();
+  return (both_nan | (a == b)).all().item<bool>() && ((a.signbit() == b.signbit()) | both_nan).all().item<bool>();
+}
+}  // namespace
+
+// The hand-written kernels' ReLU and its backward are libtorch's relu and threshold_backward: relu(NaN) is NaN
+// and relu(-0.0) is -0.0, and a NaN output passes its gradient on (they made NaN 0, in values and gradients).
+TEST_CASE("Linear runs keep NaN, +-inf and -0.0 as libtorch's relu does, in values and gradients", "[functional_vmap]") {
+  namespace gemm = tensordict::detail::batched_gemm;
+  if (!tensordict::detail::avx2_fma_supported()) {
+    WARN("no AVX2 + FMA: the kernels do not run");
+    return;
+  }
+  const std::vector<float> specials{NAN, INFINITY, -INFINITY, -0.0f, 0.0f, 2.5f, -3.0f, 1e-30f, -1e-30f};
+  // The pre-activation of out columns is w (x = 1, k = 1) plus the bias -0.0: -0.0 survives the tiles' FMA.
+  for (const std::int64_t out : {1, 4, 9, 19}) {  // the dot products (<= 4 outputs) and the 6x16 tiles
+    INFO("outputs " << out);
+    at::Tensor w = at::empty({2, out, 1});
+    for (std::int64_t j = 0; j < out; ++j) w.select(1, j).fill_(specials[static_cast<std::size_t>(j) % specials.size()]);
+    const at::Tensor x = at::ones({2, 7, 1}), bias = at::full({2, out}, -0.0f);
+    at::Tensor pre = at::empty({2, 7, out}), post = at::empty({2, 7, out});
+    gemm::multiply(gemm::view(x), gemm::transposed(w), bias, false, 1, pre);
+    gemm::multiply(gemm::view(x), gemm::transposed(w), bias, true, 1, post);
+    CHECK(same_bits(post, at::relu(pre)));
+    // The backward from the ReLU's output: where it is NaN the gradient passes, at -0.0 and below 0 it stops.
+    const at::Tensor g = at::randn({2, 7, out});
+    at::Tensor masked = at::empty({2, 7, out});
+    gemm::relu_backward(g, post, masked);
+    CHECK(same_bits(masked, at::threshold_backward(g, post, 0)));
+  }
+
+  // End to end: 16 MLPs 8-32-32-4 (and -19) with a NaN, +inf and -inf in input rows, against each member's own
+  // forward and backward.
+  using torch::nn::Linear;
+  using torch::nn::ReLU;
+  using mlp = tdn::Sequential<Linear, ReLU, Linear, ReLU, Linear>;
+  for (const std::int64_t out : {4, 19}) {
+    INFO("outputs " << out);
+    auto nets = copies<mlp>(16, [&] { return mlp(Linear(8, 32), ReLU(), Linear(32, 32), ReLU(), Linear(32, out)); });
+    at::Tensor x = at::randn({16, 32, 8});
+    x.select(0, 0).select(0, 3).select(0, 2).fill_(NAN);
+    x.select(0, 1).select(0, 5).fill_(INFINITY);
+    x.select(0, 2).select(0, 7).fill_(-INFINITY);
+    x.requires_grad_();
+    auto params = trainable(from_modules(nets));
+    const at::Tensor y = tdn::functional_vmap(nets[0], params, {}, tdn::kwargs(tdn::kw<"input">(x)),
+                                              tdn::in_dims(tdn::in_dim_of<"input">(0)));
+    std::string nodes;
+    for (auto node = y.grad_fn(); node; node = node->next_edges().empty() ? nullptr : node->next_edges()[0].function)
+      nodes += node->name() + " ";
+    CHECK_THAT(nodes, Contains("linear_run"));
+    const at::Tensor g = at::randn(y.sizes());
+    y.backward(g);
+    for (std::int64_t i = 0; i < 3; ++i) {
+      INFO("member " << i);
+      const at::Tensor xi = x.detach()[i].clone().requires_grad_();
+      const at::Tensor own = nets[static_cast<std::size_t>(i)]->forward(xi);
+      own.backward(g[i]);
+      CHECK(own.isnan().any().item<bool>());
+      CHECK(y[i].detach().allclose(own, 1e-4, 1e-5, /*equal_nan=*/true));
+      CHECK(x.grad()[i].allclose(xi.grad(), 1e-4, 1e-5, /*equal_nan=*/true));
+    }
+  }
+
+  // The fused LSTM step (libtorch 1.13's lowered LSTM) keeps NaN and saturates at +-inf as libtorch's sigmoid and tanh.
+  auto lstms = copies<torch::nn::LSTM>(3, [] { return torch::nn::LSTM(torch::nn::LSTMOptions(4, 8)); });
+  at::Tensor seq = at::randn({5, 2, 4});
+  seq.select(0, 1).select(0, 0).select(0, 2).fill_(NAN);
+  seq.select(0, 2).select(0, 1).fill_(INFINITY);
+  seq.select(0, 3).select(0, 1).select(0, 3).fill_(-INFINITY);
+  seq.select(0, 4).select(0, 0).select(0, 1).fill_(-0.0f);
+  const auto [lowered, state] = tdn::functional_vmap(lstms[0], from_modules(lstms), tdn::args(seq));
+  for (std::size_t i = 0; i < lstms.size(); ++i) {
+    INFO("LSTM " << i);
+    const auto [own, own_state] = lstms[i]->forward(seq);
+    CHECK(own.isnan().any().item<bool>());
+    CHECK(lowered[static_cast<std::int64_t>(i)].allclose(own, 1e-4, 1e-5, /*equal_nan=*/true));
+    CHECK(std::get<1>(state)[static_cast<std::int64_t>(i)].allclose(std::get<1>(own_state), 1e-4, 1e-5, /*equal_nan=*/true));
+  }
+}
+
+// Empty products are libtorch's (a Linear with 0 outputs crashed the 4-column kernel): torch's empty outputs and
+// defined gradients, with 0 outputs, 0 rows, 0 inputs or 0 sets.
+TEST_CASE("Linear runs with an empty dim: 0 outputs, rows, inputs or sets", "[functional_vmap]") {
+  using torch::nn::Linear;
+  using torch::nn::ReLU;
+  using mlp = tdn::Sequential<Linear, ReLU, Linear>;
+  struct shape {
+    std::int64_t in, out, rows, sets;
+  };
+  for (const shape c : {shape{3, 0, 5, 4}, shape{3, 2, 0, 4}, shape{0, 2, 5, 4}, shape{3, 2, 5, 0}}) {
+    INFO("in " << c.in << " out " << c.out << " rows " << c.rows << " sets " << c.sets);
+    // (libtorch cannot initialise a Linear of 0 inputs: its params are given 0 columns instead.)
+    auto nets = copies<mlp>(4, [&] { return mlp(Linear(std::max<std::int64_t>(c.in, 1), 4), ReLU(), Linear(4, c.out)); });
+    auto params = trainable(from_modules(nets));
+    if (c.in == 0) params.set<"0", "weight">(at::randn({4, 4, 0}).requires_grad_());
+    if (c.sets == 0) params = params.index({at::indexing::Slice(0, 0)});
+    const at::Tensor x = at::randn({c.sets, c.rows, c.in}).requires_grad_();
+    const at::Tensor y = tdn::functional_vmap(nets[0], params, {}, tdn::kwargs(tdn::kw<"input">(x)),
+                                              tdn::in_dims(tdn::in_dim_of<"input">(0)));
+    CHECK(y.sizes().vec() == std::vector<std::int64_t>{c.sets, c.rows, c.out});
+    y.sum().backward();
+    REQUIRE(x.grad().defined());
+    CHECK(x.grad().sizes() == x.sizes());
+    if (c.sets > 0 && c.in > 0)
+      for (std::size_t i = 0; i < nets.size(); ++i) CHECK(y[static_cast<std::int64_t>(i)].allclose(nets[i]->forward(x.detach()[static_cast<std::int64_t>(i)])));
+    if (c.in == 0)  // no inputs: each set's first layer is its bias
+      CHECK(y.allclose(at::baddbmm(params.get<"2", "bias">().unsqueeze(1), params.get<"0", "bias">().unsqueeze(1).relu().expand({4, c.rows, 4}),
+                                   params.get<"2", "weight">().transpose(1, 2))));
+    const at::Tensor shared = tdn::functional_vmap(nets[0], params, tdn::args(at::randn({c.rows, c.in})));
+    CHECK(shared.sizes().vec() == std::vector<std::int64_t>{c.sets, c.rows, c.out});
+  }
 }
 
 // In a typed Sequential a ReLU before a max pooling runs after it: the same values (NaNs, windows of no positive

@@ -333,7 +333,16 @@ TEST_CASE("MaxPool2d's lowered kernel takes the same maxima and indices as libto
   nans.index_put_({1, 1, 1, 2, 3}, NAN);
   nans.index_put_({1, 1, 1, 3, 3}, NAN);  // two NaNs in one window: the last one's index
   nans.index_put_({2, 0, 1, 4, 5}, -INFINITY);
+  nans.index_put_({2, 1, 0, 0, 0}, INFINITY);
   check(N::MaxPool2d(2), nans, "Gather");
+  // +-0.0 tie in a window (the first max: -0.0 where it comes first), and a window of -inf alone.
+  at::Tensor zeros = at::full({3, 1, 2, 4, 4}, -1.0f);
+  zeros.index_put_({0, 0, 0, 0, 0}, -0.0f);
+  zeros.index_put_({0, 0, 0, 0, 1}, 0.0f);
+  zeros.index_put_({1, 0, 1, 2, 2}, 0.0f);
+  zeros.index_put_({1, 0, 1, 3, 3}, -0.0f);
+  zeros.index({2, 0, 0, at::indexing::Slice(0, 2), at::indexing::Slice(0, 2)}).fill_(-INFINITY);
+  check(N::MaxPool2d(2), zeros, "Gather");
   // Channels-last images (the lowered convolutions' output on libtorch 1.x): libtorch's own kernel.
   const at::Tensor channels_last = at::randn({3, 2, 4, 6, 6}).flatten(0, 1).contiguous(at::MemoryFormat::ChannelsLast);
   check(N::MaxPool2d(2), channels_last.unflatten(0, {3, 2}), "MaxPool2DWithIndices");

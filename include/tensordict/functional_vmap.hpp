@@ -482,7 +482,7 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
     }
   };
 
-  const std::int64_t chunk = options.chunk_size.value_or(sets);
+  const std::int64_t chunk = options.chunk_size.value_or(std::max<std::int64_t>(sets, 1));  // no sets: one empty call
   if (chunk <= 0) throw value_error("functional_vmap: chunk_size must be positive, got " + std::to_string(chunk));
   if (chunk >= sets) return unflatten_sets(run(0, sets), batch);
   return unflatten_sets(

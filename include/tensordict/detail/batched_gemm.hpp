@@ -111,11 +111,12 @@ __attribute__((target("avx2,fma"))) inline void tile(const float* a, std::int64_
     if constexpr (V == 2) c51 = _mm256_fmadd_ps(y, x1, c51);
   }
   if (relu) {
+    // max(0, c) with c second: its NaN and -0.0 come through, as libtorch's relu (clamp_min) gives them.
     const __m256 zero = _mm256_setzero_ps();
-    c00 = _mm256_max_ps(c00, zero), c10 = _mm256_max_ps(c10, zero), c20 = _mm256_max_ps(c20, zero);
-    c30 = _mm256_max_ps(c30, zero), c40 = _mm256_max_ps(c40, zero), c50 = _mm256_max_ps(c50, zero);
-    c01 = _mm256_max_ps(c01, zero), c11 = _mm256_max_ps(c11, zero), c21 = _mm256_max_ps(c21, zero);
-    c31 = _mm256_max_ps(c31, zero), c41 = _mm256_max_ps(c41, zero), c51 = _mm256_max_ps(c51, zero);
+    c00 = _mm256_max_ps(zero, c00), c10 = _mm256_max_ps(zero, c10), c20 = _mm256_max_ps(zero, c20);
+    c30 = _mm256_max_ps(zero, c30), c40 = _mm256_max_ps(zero, c40), c50 = _mm256_max_ps(zero, c50);
+    c01 = _mm256_max_ps(zero, c01), c11 = _mm256_max_ps(zero, c11), c21 = _mm256_max_ps(zero, c21);
+    c31 = _mm256_max_ps(zero, c31), c41 = _mm256_max_ps(zero, c41), c51 = _mm256_max_ps(zero, c51);
   }
   if (rows == 6 && cols == 8 * V) {  // a whole tile: straight stores (the general path below costs as much as 16 steps of k)
     _mm256_storeu_ps(c, c00), _mm256_storeu_ps(c + ldc, c10), _mm256_storeu_ps(c + 2 * ldc, c20);
@@ -224,7 +225,7 @@ __attribute__((target("avx2,fma"))) inline void dot_tile(const float* a, std::in
 #pragma GCC unroll 4
     for (int j = 0; j < N; ++j) {
       const float value = lane_sum(acc[r][j]) + (bias ? bias[j] : 0.0f);
-      c[r * ldc + j] = relu && !(value > 0.0f) ? 0.0f : value;
+      c[r * ldc + j] = relu && value < 0.0f ? 0.0f : value;  // NaN and -0.0 kept, as in tile()
     }
   }
 }
@@ -314,17 +315,18 @@ inline void multiply(const strided& a, const strided& b, const at::Tensor& bias,
 }
 
 #if TENSORDICT_X86_KERNELS
-// The row of relu_backward: o = g where h > 0, else 0 (a blend, not a branch:
-// the signs are random, and a branch mispredicted at ~5 ns a number).
+// The row of relu_backward: o = 0 where h <= 0, else g (libtorch's
+// threshold_backward: a NaN output passes its gradient on). A blend, not a
+// branch: the signs are random, and a branch mispredicted at ~5 ns a number.
 __attribute__((target("avx2,fma"))) inline void relu_backward_row(const float* g, std::int64_t g_stride, const float* h, float* o,
                                                                   std::int64_t n) {
   std::int64_t j = 0;
   if (g_stride == 1)
     for (; j + 8 <= n; j += 8) {
-      const __m256 positive = _mm256_cmp_ps(_mm256_loadu_ps(h + j), _mm256_setzero_ps(), _CMP_GT_OQ);
-      _mm256_storeu_ps(o + j, _mm256_and_ps(positive, _mm256_loadu_ps(g + j)));
+      const __m256 passes = _mm256_cmp_ps(_mm256_loadu_ps(h + j), _mm256_setzero_ps(), _CMP_NLE_UQ);
+      _mm256_storeu_ps(o + j, _mm256_and_ps(passes, _mm256_loadu_ps(g + j)));
     }
-  for (; j < n; ++j) o[j] = h[j] > 0.0f ? g[j * g_stride] : 0.0f;
+  for (; j < n; ++j) o[j] = h[j] <= 0.0f ? 0.0f : g[j * g_stride];
 }
 
 // o[j] = the sum over the rows of g[i][j] (strides row_stride, col_stride), row after row as the
@@ -357,7 +359,7 @@ __attribute__((target("avx2,fma"))) inline void column_sums(const float* g, std:
 }
 #endif
 
-// out = g where h > 0, else 0 (a ReLU's backward from its output h), for
+// out = 0 where h <= 0, else g (a ReLU's backward from its output h), for
 // [sets, rows, n] float tensors: out and h contiguous, g read through its
 // strides (autograd's gradient may be an expanded one); out may be g. For the
 // sets [first, first + count) (count < 0: to the last). Call only where takes() said so.

@@ -308,7 +308,9 @@ TENSORDICT_DECL bool linear_run::takes(const std::vector<at::Tensor>& params) {
 }
 
 TENSORDICT_DECL bool linear_run::add(const at::Tensor& w, const at::Tensor& b) {
-  if (w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ || !gemm::takes({&flat_, &w, &b}))
+  // Empty products (no sets, rows, inputs or outputs) are libtorch's: the kernels' tiles assume a column and a row.
+  if (w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ || w.numel() == 0 || flat_.numel() == 0 ||
+      !gemm::takes({&flat_, &w, &b}))
     return false;
   tensors_.push_back(w);
   tensors_.push_back(b.defined() ? b : at::empty({0}, w.options()));
