@@ -559,6 +559,21 @@ TEST_CASE("memmap: directories Python tensordict 0.4 wrote load with their keys,
   torch::nn::Linear linear(2, 3);
   auto typed = load_memmap<nn::schema_of<torch::nn::LinearImpl>>(dir + "stacked_linear");
   CHECK(typed.get<"weight">().sizes() == c10::IntArrayRef{3, 3, 2});
+
+  // strict = false (Python's load_state_dict(strict=False)): the schema's keys, the file's others left out;
+  // a key of the schema must still fit it.
+  using obs_only = schema<leaf<"obs">, node<"next", leaf<"obs">>>;
+  CHECK_THROWS_WITH(load_memmap<obs_only>(dir + "sample_batch"), Contains("\"action\": not a leaf of the schema"));
+  const auto part = load_memmap<obs_only>(dir + "sample_batch", {.strict = false});
+  CHECK(part.get<"obs">().equal(batch.get("obs")));
+  CHECK(part.get<"next", "obs">().equal(batch.get("next", "obs")));
+  const TensorDict<obs_only> like({batch.get("obs"), batch.get("next", "obs")}, {5});
+  CHECK(load_memmap(dir + "sample_batch", like, {.strict = false}).get<"obs">().equal(batch.get("obs")));
+  const TensorDict<obs_only> wrong_shape({at::zeros({5, 9}), batch.get("next", "obs")}, {5});
+  CHECK_THROWS_WITH(load_memmap(dir + "sample_batch", wrong_shape, {.strict = false}), Contains("\"obs\": expected f32[5,9]"));
+  using with_missing = schema<leaf<"obs">, leaf<"not_there">>;
+  const TensorDict<with_missing> missing_like({batch.get("obs"), at::zeros({5})}, {5});
+  CHECK_THROWS_WITH(load_memmap(dir + "sample_batch", missing_like, {.strict = false}), Contains("\"not_there\": missing"));
 }
 
 TEST_CASE("memmap: what save_memmap writes has Python's layout and meta.json fields", "[files]") {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -192,18 +193,26 @@ TEST_CASE("indexed writes: checked before the first byte, a failed write changes
     AnyTensorDict bad = any_batch(2, 50);
     bad.set({"next", "obs"}, at::ones({2, 5}));
     CHECK_THROWS_TYPED(buffer.index_put_({Slice(3, 5)}, bad), shape_error,
-                         Contains("TensorDict.update_at_((\"next\", \"obs\")): cannot write f32[2,5]") && Contains("has shape [2,4]"));
+                         Contains("TensorDict.index_put_((\"next\", \"obs\")): cannot write f32[2,5]") && Contains("has shape [2,4]"));
   }
   SECTION("a dtype the leaf cannot hold without changing kind") {
     AnyTensorDict bad = any_batch(2, 50);
     bad.set({"action"}, at::ones({2}, at::kFloat));
     CHECK_THROWS_TYPED(buffer.index_put_({Slice(3, 5)}, bad), dtype_error,
-                         Contains("TensorDict.update_at_(\"action\"): cannot write f32[2] into the leaf i64[6]"));
+                         Contains("TensorDict.index_put_(\"action\"): cannot write f32[2] into the leaf i64[6]"));
   }
   SECTION("an index past the end") {
     CHECK_THROWS_TYPED(buffer.index_put_({at::tensor(std::vector<std::int64_t>{2, 6})}, any_batch(2, 50)), index_error,
                          Contains("the index does not fit batch_size=[6]"));
     CHECK_THROWS_AS(buffer.index_put_({7}, any_batch(1, 50)[0]), index_error);
+    // Named as given (it said "index -1", the normalised value, which is valid), and by the call made.
+    CHECK_THROWS_TYPED(buffer.index_put_({-9}, any_batch(1, 50)[0]), index_error,
+                       Contains("TensorDict.index_put_: the index does not fit batch_size=[6]: index -9 is out of bounds"));
+    CHECK_THROWS_TYPED(buffer.update_at_(any_batch(1, 50)[0], {-7}), index_error,
+                       Contains("TensorDict.update_at_: the index does not fit batch_size=[6]: index -7 is out of bounds"));
+    auto typed = buffer.to_typed<transition>();
+    CHECK_THROWS_TYPED(typed.index_put_({-9}, any_batch(1, 50)[0].to_typed<transition>()), index_error,
+                       Contains("TensorDict.index_put_: the index does not fit batch_size=[6]: index -9 is out of bounds"));
   }
   SECTION("a key that is not there") {
     CHECK_THROWS_AS(buffer.update_at_(AnyTensorDict({{"obs", at::ones({2, 4})}, {"done", at::ones({2})}}, {2}), {Slice(0, 2)}),
@@ -538,9 +547,35 @@ TEST_CASE("non-tensor data in memmap directories: tensordict 0.4's files, both w
   // memmap_like keeps the values; a value meta.json cannot hold is refused before anything is written.
   CHECK(memmap_like(stacked, out / "like").non_tensor({"name"}) == stacked.non_tensor({"name"}));
   AnyTensorDict bad({2});
-  bad.set_non_tensor({"x"}, std::nan(""));
-  CHECK_THROWS_TYPED(save_memmap(bad, out / "bad"), file_error, Contains("\"x\": the value nan has no JSON form"));
+  bad.set_non_tensor({"x"}, std::string("\xff"));
+  CHECK_THROWS_TYPED(save_memmap(bad, out / "bad"), file_error, Contains("\"x\": a string value is not valid UTF-8"));
   CHECK_FALSE(std::filesystem::exists(out / "bad"));
+
+  // Floats that are not finite: Python's json writes the bare words NaN, Infinity and -Infinity (no JSON has
+  // them), and its loader reads them; so do ours (a folder Python wrote with NonTensorData(float('nan')) did
+  // not load: "meta.json is not valid JSON").
+  const std::string python = out / "python_nan";
+  std::filesystem::copy(dir + "strings_and_ints", python, std::filesystem::copy_options::recursive);
+  {
+    std::ofstream(python + "/task/meta.json")
+        << R"({"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "data": NaN, "_metadata": null, "_is_non_tensor": true})";
+    std::ofstream(python + "/nested/label/meta.json")
+        << R"({"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "data": -Infinity, "_metadata": "NaN", "_is_non_tensor": true})";
+  }
+  const AnyTensorDict read = load_memmap(python);
+  CHECK(std::isnan(read.get_non_tensor<double>({"task"})));
+  CHECK(read.get_non_tensor<double>({"nested", "label"}) == -INFINITY);
+  AnyTensorDict floats({3});
+  floats.set_non_tensor({"nan"}, std::nan(""));
+  floats.set_non_tensor({"inf"}, NonTensor::stack({INFINITY, -INFINITY, 0.5}, {3}));
+  floats.set_non_tensor({"text"}, "NaN, Infinity");  // in a string: text
+  save_memmap(floats, out / "floats");
+  CHECK_THAT(file_bytes(out / "floats/nan/meta.json"), Contains("\"data\":NaN,"));
+  CHECK_THAT(file_bytes(out / "floats/inf/meta.json"), Contains("\"data\":[Infinity,-Infinity,0.5]"));
+  const AnyTensorDict again_floats = load_memmap(out / "floats");
+  CHECK(std::isnan(again_floats.get_non_tensor<double>({"nan"})));
+  CHECK(again_floats.non_tensor({"inf"}) == floats.non_tensor({"inf"}));
+  CHECK(again_floats.get_non_tensor<std::string>({"text"}) == "NaN, Infinity");
   // The other formats hold tensors only: refused, not left out.
   CHECK_THROWS_TYPED(save(td, out / "td.pt"), file_error,
                      Contains("\"task\" holds non-tensor data (NonTensorData('reach-target')), which torch.save files"));
@@ -597,6 +632,62 @@ TEST_CASE("indexed writes carry non-tensor data into a buffer, checked with the 
   AnyTensorDict single = sample.clone();
   single.update_(scalar);
   CHECK(single.get_non_tensor<std::string>({"task"}) == "one");
+
+  // A buffer of zero rows: an indexed write has nothing to write (it read the first of no values and crashed).
+  AnyTensorDict no_rows = zeros_like(sample, {0});
+  AnyTensorDict none({{"obs", at::ones({0, 2})}}, {0});
+  none.set_non_tensor({"task"}, "reach");
+  no_rows.update_at_(none, {Slice()});
+  no_rows.index_put_({Slice()}, none);
+  CHECK(no_rows.get_non_tensor<std::string>({"task"}) == "none");
+  using one_task = schema<leaf<"obs">, non_tensor<"task">>;
+  auto typed_rows = no_rows.to_typed<one_task>();
+  typed_rows.update_at_(none.to_typed<one_task>(), {Slice()});
+  typed_rows.index_put_({Slice()}, none.to_typed<one_task>());
+  CHECK(typed_rows.get<"task">() == NonTensor(std::string("none")));
+}
+
+// A buffer written through to its folder: memory and files never disagree. A non-tensor value
+// cannot change by an indexed write there (its meta.json would keep the old value; Python
+// refuses it too), and save_memmap onto the folder its leaves map is refused (the folder
+// would be swapped while the leaves kept writing into the old files).
+TEST_CASE("memmap buffers: non-tensor writes and a save onto the buffer's own folder are refused", "[storage][non_tensor]") {
+  temporary_dir dir("written_through");
+  AnyTensorDict sample({{"obs", at::zeros({4, 2})}}, {4});
+  sample.set_non_tensor({"task"}, "none");
+  AnyTensorDict buffer = memmap_like(sample, dir / "buffer");
+  AnyTensorDict steps({{"obs", at::ones({2, 2})}}, {2});
+  steps.set_non_tensor({"task"}, "reach");
+  CHECK_THROWS_TYPED(buffer.index_put_({Slice(1, 3)}, steps), value_error,
+                     Contains("TensorDict.index_put_(\"task\"): cannot write NonTensorData('reach') over NonTensorData('none')") &&
+                         Contains("write through to " + std::filesystem::weakly_canonical(dir / "buffer").string()));
+  CHECK_THROWS_TYPED(buffer.update_at_(steps, {Slice(1, 3)}), value_error, Contains("TensorDict.update_at_(\"task\")"));
+  CHECK_THROWS_AS(buffer.index({Slice(0, 2)}).update_at_(steps, {Slice()}), value_error);  // a view of the buffer maps the files too
+  CHECK(buffer.get("obs").count_nonzero().item<std::int64_t>() == 0);  // checked before the tensors were written
+  CHECK(load_memmap(dir / "buffer").get_non_tensor<std::string>({"task"}) == "none");
+  // The same value writes the tensors; a copy is memory alone.
+  steps.set_non_tensor({"task"}, "none");
+  buffer.index_put_({Slice(1, 3)}, steps);
+  CHECK(load_memmap(dir / "buffer").get("obs").sum().item<float>() == 4);
+  steps.set_non_tensor({"task"}, "reach");
+  AnyTensorDict copy = buffer.clone();
+  copy.index_put_({Slice(1, 3)}, steps);
+  CHECK(copy[1].get_non_tensor<std::string>({"task"}) == "reach");
+  // Typed, the same.
+  using one_task = schema<leaf<"obs">, non_tensor<"task">>;
+  auto typed = load_memmap<one_task>(dir / "buffer", {.memory = load_memory::shared});
+  CHECK_THROWS_TYPED(typed.index_put_({Slice(0, 2)}, steps.to_typed<one_task>()), value_error,
+                     Contains("TensorDict.index_put_(\"task\"): cannot write NonTensorData('reach')"));
+
+  // save_memmap onto the buffer's own folder (or a folder above it) is refused and leaves the files mapped.
+  CHECK_THROWS_TYPED(save_memmap(buffer, dir / "buffer"), file_error,
+                     Contains("the leaf \"obs\" writes through to") && Contains("Save to another folder"));
+  CHECK_THROWS_AS(save_memmap(buffer, dir.path.string()), file_error);
+  buffer.set_at_({"obs"}, at::full({2}, 5.0), {3});
+  CHECK(load_memmap(dir / "buffer").get("obs")[3].sum().item<float>() == 10);  // writes still reach the files
+  save_memmap(buffer, dir / "saved");  // elsewhere: a snapshot
+  CHECK(load_memmap(dir / "saved").get("obs")[3].sum().item<float>() == 10);
+  save_memmap(load_memmap(dir / "saved"), dir / "saved");  // a private mapping replaces its own folder as before
 }
 
 TEST_CASE("typed TensorDict: non_tensor<...> fields beside the leaves, through every verb", "[storage][non_tensor]") {

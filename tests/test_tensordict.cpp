@@ -479,6 +479,37 @@ TEMPLATE_TEST_CASE("element-wise verbs, arithmetic and reductions keep the keys"
   CHECK_THROWS_WITH(pad(td, {1, 0, 0}), Contains("is not (before, after) pairs"));
 }
 
+// Python's lerp / lerp_ (a target network's soft update: target.lerp_(online, 1 - tau)).
+TEMPLATE_TEST_CASE("lerp and lerp_: each leaf towards end's by a scalar or tensor weight", "[tensordict]", TensorDict<verbs_schema>,
+                   AnyTensorDict) {
+  const auto mixed = verbs_td<TestType>();  // "a" f32, ("n", "b") i64
+  const auto td = mixed.apply([](const at::Tensor& t) { return t.to(at::kFloat); });
+  const auto end = td.apply([](const at::Tensor& t) { return t * 3 + 1; });
+  const at::Tensor a = td.values()[0], b = td.values()[1];
+  const auto moved = td.lerp(end, 0.25);
+  CHECK(moved.values()[0].allclose(a + 0.25 * (end.values()[0] - a)));
+  CHECK(moved.values()[1].equal(b.lerp(end.values()[1], 0.25)));
+  CHECK(td.lerp(end, at::full({1}, 0.5)).values()[0].equal(a.lerp(end.values()[0], at::full({1}, 0.5))));
+  CHECK(td.values()[0].equal(a));  // lerp: a new TensorDict
+
+  auto target = td.clone();
+  const at::Tensor leaf = target.values()[0];
+  target.lerp_(end, 0.1);
+  CHECK(impl(target.values()[0]) == impl(leaf));  // in place: the leaves keep their identity
+  CHECK(target.values()[1].equal(b.lerp(end.values()[1], 0.1)));
+  target.lerp_(end, at::full({}, 1.0));
+  CHECK(target.values()[0].equal(end.values()[0]));
+
+  // Checked before the first leaf is written: end's dtype, the weight's dtype and shape.
+  auto kept = td.clone();
+  CHECK_THROWS_AS(kept.lerp_(mixed, 0.5), dtype_error);
+  CHECK_THROWS_WITH(kept.lerp_(mixed, 0.5), Contains("TensorDict.lerp_((\"n\", \"b\")): the leaf is f32[2,3] and end's i64[2,3]"));
+  CHECK_THROWS_WITH(kept.lerp_(end, at::full({}, 0.5, at::kDouble)), Contains("TensorDict.lerp_(\"a\"): the weight is f64[]"));
+  CHECK_THROWS_AS(kept.lerp_(end, at::full({4}, 0.5)), shape_error);  // fits "a" [2,3,4], not ("n", "b") [2,3]
+  CHECK_THROWS_WITH(kept.lerp(end, at::full({4}, 0.5)), Contains("the weight f32[4] does not broadcast to the leaf f32[2,3]"));
+  CHECK((kept == td).all());
+}
+
 TEMPLATE_TEST_CASE("apply over several TensorDicts, named_apply, set_ and cat", "[tensordict]", TensorDict<verbs_schema>, AnyTensorDict) {
   auto td = verbs_td<TestType>();
   const at::Tensor a = td.values()[0], b = td.values()[1];

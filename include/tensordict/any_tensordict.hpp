@@ -194,6 +194,7 @@ struct any_node : std::enable_shared_from_this<any_node> {
 // How AnyTensorDict::to_typed<S>() treats leaves of S that the TensorDict lacks.
 struct to_typed_options {
   bool allow_missing = false;  // true: they stay unset in the typed form
+  bool ignore_extra = false;   // true: keys the schema lacks are left out (else each is an error)
 };
 
 namespace detail {
@@ -411,25 +412,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // Other's non-tensor entries are written into those here at the same
   // positions (a NonTensorData given another value there becomes a NonTensorStack).
   AnyTensorDict& update_at_(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices) {
-    std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, indices, "update_at_");
-    std::vector<pending_write> writes;
-    writes.reserve(other.leaf_count());
-    other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      auto at = resolve(path, "AnyTensorDict.update_at_");
-      if (!at.node->is_leaf(at.index))
-        throw key_error("AnyTensorDict.update_at_: " + to_string(path) + " is a sub-tree here and a tensor in other");
-      writes.push_back({at.node->tensors[at.index], t});
-    });
-    write_at(writes, indices, "update_at_", [&](std::size_t k) {  // other's k-th leaf
-      std::string name;
-      std::size_t n = 0;
-      other.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
-        if (n++ == k) name = to_string(path);
-      });
-      return name;
-    });
-    for (auto& [entry, value] : non_tensor_writes) *entry = std::move(value);  // cannot throw
-    return *this;
+    return write_other_at(other, indices, "update_at_");
   }
   AnyTensorDict& update_at_(const AnyTensorDict& other, std::initializer_list<at::indexing::TensorIndex> indices) {
     return update_at_(other, c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()));
@@ -783,10 +766,12 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
 
   // As to_typed<S>(), and the keys, shapes and dtypes must be those of
-  // `like` (e.g. from_module(net)): a leaf unset in `like` must be absent.
+  // `like` (e.g. from_module(net)): a leaf unset in `like` must be absent
+  // ({.ignore_extra = true}: keys S lacks are left out).
   template <schema_type S>
-  TensorDict<S> to_typed(const TensorDict<S>& like) const {
-    return typed_from<S>(&like, {});
+  TensorDict<S> to_typed(const TensorDict<S>& like, to_typed_options options = {}) const {
+    options.allow_missing = false;  // `like` says which leaves are set
+    return typed_from<S>(&like, options);
   }
 
   // ---- printing -----------------------------------------------------------------------------
@@ -804,6 +789,31 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   bool is_same(const AnyTensorDict& other) const { return node_ == other.node_; }
 
  private:
+  // A key as errors print it (tensordict_ops' messages).
+  static std::string key_name(const any_key_path& k) { return to_string(k); }
+  // update_at_ and index_put_ (`op` names the call in errors).
+  AnyTensorDict& write_other_at(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op) {
+    std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, indices, op);
+    const std::string call = std::string("AnyTensorDict.") + op;
+    std::vector<pending_write> writes;
+    writes.reserve(other.leaf_count());
+    other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+      auto at = resolve(path, call.c_str());
+      if (!at.node->is_leaf(at.index))
+        throw key_error(call + ": " + to_string(path) + " is a sub-tree here and a tensor in other");
+      writes.push_back({at.node->tensors[at.index], t});
+    });
+    write_at(writes, indices, op, [&](std::size_t k) {  // other's k-th leaf
+      std::string name;
+      std::size_t n = 0;
+      other.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
+        if (n++ == k) name = to_string(path);
+      });
+      return name;
+    });
+    for (auto& [entry, value] : non_tensor_writes) *entry = std::move(value);  // cannot throw
+    return *this;
+  }
   friend AnyTensorDict stack(c10::ArrayRef<AnyTensorDict>, std::int64_t);
   friend AnyTensorDict cat(c10::ArrayRef<AnyTensorDict>, std::int64_t);
 
@@ -877,12 +887,13 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     const std::vector<any_key_path> paths = other.non_tensor_keys();
     if (paths.empty()) return out;
     const auto batch = detail::batch_indices(indices, batch_dims());
+    const std::string files = detail::written_through_file(values());
     for (const any_key_path& path : paths) {
       const std::string where = std::string("TensorDict.") + op + "(" + to_string(path) + "): ";
       auto at = locate_non_tensor(path);
       if (!at.node) throw key_error(where + "other holds non-tensor data there, this TensorDict " + (contains(path) ? "a tensor or a sub-tree" : "nothing"));
       NonTensor& mine = at.node->non_tensors[at.index];
-      if (auto written = detail::non_tensor_written_at(mine, other.non_tensor(path), at.node->batch, batch, where))
+      if (auto written = detail::non_tensor_written_at(mine, other.non_tensor(path), at.node->batch, batch, where, files))
         out.emplace_back(&mine, std::move(*written));
     }
     return out;
@@ -1238,7 +1249,10 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     std::array<at::Tensor, S::leaf_count> leaves;
     for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
       const std::size_t found = index_in(leaf_path<S>, S::leaf_count, path);
-      if (found == npos) return problem(to_string(path) + ": not a leaf of the schema (" + describe(t) + ")");
+      if (found == npos) {
+        if (!options.ignore_extra) problem(to_string(path) + ": not a leaf of the schema (" + describe(t) + ")");
+        return;
+      }
       if (like) {
         const at::Tensor& expected = like->leaf(found);
         if (!expected.defined()) return problem(to_string(path) + ": unset in the reference, but given " + describe(t));
@@ -1254,9 +1268,10 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     for (const any_key_path& path : non_tensor_keys()) {
       const NonTensor& v = non_tensor(path);
       const std::size_t found = index_in(non_tensor_path<S>, S::non_tensor_count, path);
-      if (found == npos)
-        problem(to_string(path) + ": non-tensor data (" + v.repr() + "), which the schema has no non_tensor<...> field for");
-      else if (like && !like->non_tensor_at(found))
+      if (found == npos) {
+        if (!options.ignore_extra)
+          problem(to_string(path) + ": non-tensor data (" + v.repr() + "), which the schema has no non_tensor<...> field for");
+      } else if (like && !like->non_tensor_at(found))
         problem(to_string(path) + ": unset in the reference, but given " + v.repr());
       else
         non_tensors[found] = v;

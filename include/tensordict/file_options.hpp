@@ -56,6 +56,11 @@ struct load_options {
   // stacked ensemble's [5] from a safetensors file). Unset: the format's own,
   // [] for torch.save and safetensors files, meta.json's for memmap directories.
   std::optional<std::size_t> batch_dims{};
+  // The typed loaders (load<S>, load_memmap<S>, load_safetensors<S>): false
+  // loads the schema's keys and leaves the file's other keys out, as Python's
+  // load_state_dict(strict=False); a key of the schema that is there must
+  // still fit it (batch size; with `like`, shape and dtype, and no key missing).
+  bool strict = true;
 };
 
 }  // namespace tensordict

@@ -223,14 +223,14 @@ inline AnyTensorDict load(const std::string& path, const load_options& options =
 // is unflattened first); unset leaves stay unset.
 template <schema_type S>
 TensorDict<S> load(const std::string& path, const load_options& options = {}) {
-  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file<S>(load(path, options)); });
+  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file<S>(load(path, options), options); });
 }
 
 // As load<S>, and the keys, shapes and dtypes must be those of `like`
 // (from_module(net) for a checkpoint of net); one error lists every difference.
 template <schema_type S>
 TensorDict<S> load(const std::string& path, const TensorDict<S>& like, const load_options& options = {}) {
-  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file(load(path, options), like); });
+  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file(load(path, options), like, options); });
 }
 
 }  // namespace tensordict

@@ -20,6 +20,7 @@
 // "shape", "device" or "_type", which meta.json uses itself.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -121,8 +122,6 @@ inline void check_memmap_savable(const AnyTensorDict& td, any_key_path& path) {
     path.push_back(key.front());
     check_memmap_key(path);
     for (const non_tensor_value& v : td.non_tensor(key).values()) {
-      if (const double* d = std::get_if<double>(&v); d && !std::isfinite(*d))
-        throw file_error(to_string(path) + ": the value " + repr(v) + " has no JSON form for meta.json");
       if (const std::string* text = std::get_if<std::string>(&v); text && !valid_utf8(*text))
         throw file_error(to_string(path) + ": a string value is not valid UTF-8, which meta.json needs");
     }
@@ -229,6 +228,18 @@ inline void write_memmap_directory(const AnyTensorDict& td, const std::string& d
     throw file_error(where + "it exists; reopen it with load_memmap(dir, {.memory = load_memory::shared}), or remove it first");
   };
   if (!replace && fs::exists(target, ec) && !fs::is_empty(target, ec)) refuse_existing();
+  if (replace && fs::exists(target, ec)) {
+    // A buffer saved onto its own folder: the new folder would take the old one's place while the
+    // leaves keep writing into the old files (Python's memmap writes in place instead).
+    const fs::path folder = fs::weakly_canonical(target, ec);
+    for (const auto& [key, leaf] : td.items()) {
+      const fs::path file = written_through_file({leaf});
+      if (!file.empty() && std::mismatch(folder.begin(), folder.end(), file.begin(), file.end()).first == folder.end())
+        throw file_error(where + "the leaf " + to_string(key) + " writes through to " + file.string() +
+                         " in this folder (load_memory::shared), so its files hold every write already; replacing the "
+                         "folder would cut the leaves off from it. Save to another folder");
+    }
+  }
   any_key_path path;
   try {
     check_memmap_savable(td, path);
@@ -297,7 +308,7 @@ inline AnyTensorDict memmap_like(const AnyTensorDict& like, const std::string& d
 template <schema_type S>
 TensorDict<S> load_memmap(const std::string& dir, const load_options& options = {}) {
   return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
-    TensorDict<S> out = detail::typed_from_file<S>(load_memmap(dir, options));
+    TensorDict<S> out = detail::typed_from_file<S>(load_memmap(dir, options), options);
     if (options.memory == load_memory::shared) out.lock_();
     return out;
   });
@@ -307,7 +318,7 @@ TensorDict<S> load_memmap(const std::string& dir, const load_options& options = 
 template <schema_type S>
 TensorDict<S> load_memmap(const std::string& dir, const TensorDict<S>& like, const load_options& options = {}) {
   return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
-    TensorDict<S> out = detail::typed_from_file(load_memmap(dir, options), like);
+    TensorDict<S> out = detail::typed_from_file(load_memmap(dir, options), like, options);
     if (options.memory == load_memory::shared) out.lock_();
     return out;
   });
@@ -318,7 +329,7 @@ template <schema_type S>
 TensorDict<S> memmap_like(const TensorDict<S>& like, const std::string& dir) {
   const AnyTensorDict loaded = memmap_like(AnyTensorDict(like), dir);
   return detail::naming_the_file("tensordict::memmap_like", dir, [&] {
-    TensorDict<S> out = detail::typed_from_file(loaded, like);
+    TensorDict<S> out = detail::typed_from_file(loaded, like, load_options{});
     out.lock_();
     return out;
   });

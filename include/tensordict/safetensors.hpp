@@ -179,7 +179,7 @@ inline safetensors_metadata load_safetensors_metadata(const std::string& path) {
 template <schema_type S>
 TensorDict<S> load_safetensors(const std::string& path, const load_options& options = {}) {
   return detail::naming_the_file("tensordict::load_safetensors", path,
-                                 [&] { return detail::typed_from_file<S>(load_safetensors(path, options)); });
+                                 [&] { return detail::typed_from_file<S>(load_safetensors(path, options), options); });
 }
 
 // As load_safetensors<S>, and the keys, shapes and dtypes must be those of
@@ -187,7 +187,7 @@ TensorDict<S> load_safetensors(const std::string& path, const load_options& opti
 template <schema_type S>
 TensorDict<S> load_safetensors(const std::string& path, const TensorDict<S>& like, const load_options& options = {}) {
   return detail::naming_the_file("tensordict::load_safetensors", path,
-                                 [&] { return detail::typed_from_file(load_safetensors(path, options), like); });
+                                 [&] { return detail::typed_from_file(load_safetensors(path, options), like, options); });
 }
 
 }  // namespace tensordict

@@ -317,26 +317,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   // value there becomes a NonTensorStack).
   template <schema_type P>
   TensorDict& update_at_(const TensorDict<P>& other, c10::ArrayRef<at::indexing::TensorIndex> indices) {
-    using error = typename detail::embedding<P, S>::error;
-    if constexpr (!std::is_void_v<error>) {
-      compile_error::report<error>();
-    } else {
-      constexpr auto& where = detail::embedding<P, S>::leaves;
-      std::vector<typename ops::pending_write> writes;
-      writes.reserve(P::leaf_count);
-      std::array<std::size_t, P::leaf_count> written{};  // the leaf here of each write
-      for (std::size_t i = 0; i < P::leaf_count; ++i) {
-        if (!other.leaf(i).defined()) continue;
-        if (!slot(where[i]).defined())
-          throw key_error("TensorDict.update_at_: the leaf " + path_of(where[i]) + " is not set here, so there is nothing to write into");
-        written[writes.size()] = where[i];
-        writes.push_back({slot(where[i]), other.leaf(i)});
-      }
-      auto entries = non_tensors_written_at(other, indices, "update_at_");
-      this->write_at(writes, indices, "update_at_", [&](std::size_t k) { return path_of(written[k]); });
-      for (auto& [i, v] : entries) non_tensor_slot(i) = std::move(v);  // cannot throw
-    }
-    return *this;
+    return write_other_at(other, indices, "update_at_");
   }
   template <schema_type P>
   TensorDict& update_at_(const TensorDict<P>& other, std::initializer_list<at::indexing::TensorIndex> indices) {
@@ -549,6 +530,33 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   friend std::ostream& operator<<(std::ostream& os, const TensorDict& td) { return os << td.repr(); }
 
  private:
+  // A key as errors print it (tensordict_ops' messages).
+  static std::string key_name(const key_path& k) { return to_string(k); }
+  // update_at_ and index_put_ (`op` names the call in errors).
+  template <schema_type P>
+  TensorDict& write_other_at(const TensorDict<P>& other, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op) {
+    using error = typename detail::embedding<P, S>::error;
+    if constexpr (!std::is_void_v<error>) {
+      compile_error::report<error>();
+    } else {
+      constexpr auto& where = detail::embedding<P, S>::leaves;
+      std::vector<typename ops::pending_write> writes;
+      writes.reserve(P::leaf_count);
+      std::array<std::size_t, P::leaf_count> written{};  // the leaf here of each write
+      for (std::size_t i = 0; i < P::leaf_count; ++i) {
+        if (!other.leaf(i).defined()) continue;
+        if (!slot(where[i]).defined())
+          throw key_error(std::string("TensorDict.") + op + ": the leaf " + path_of(where[i]) +
+                          " is not set here, so there is nothing to write into");
+        written[writes.size()] = where[i];
+        writes.push_back({slot(where[i]), other.leaf(i)});
+      }
+      auto entries = non_tensors_written_at(other, indices, op);
+      this->write_at(writes, indices, op, [&](std::size_t k) { return path_of(written[k]); });
+      for (auto& [i, v] : entries) non_tensor_slot(i) = std::move(v);  // cannot throw
+    }
+    return *this;
+  }
   template <schema_type>
   friend class TensorDict;
   friend class AnyTensorDict;
@@ -766,6 +774,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     if constexpr (P::non_tensor_count > 0) {
       constexpr auto& where = detail::embedding<P, S>::non_tensors;
       const auto batch = detail::batch_indices(indices, batch_dims());
+      const std::string files = detail::written_through_file(values());
       for (std::size_t i = 0; i < P::non_tensor_count; ++i) {
         if (!other.non_tensor_slot(i)) continue;
         const std::string path = to_string(non_tensor_path<S>(where[i]));
@@ -773,7 +782,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
         const std::optional<NonTensor>& mine = non_tensor_slot(where[i]);
         if (!mine) throw key_error(at + "the non-tensor field is not set here, so there is nothing to write into");
         if (auto written = detail::non_tensor_written_at(*mine, *other.non_tensor_slot(i),
-                                                         node_batch(non_tensor_paths_v<S>[where[i]].parent_node), batch, at))
+                                                         node_batch(non_tensor_paths_v<S>[where[i]].parent_node), batch, at, files))
           out.emplace_back(where[i], std::move(*written));
       }
     }

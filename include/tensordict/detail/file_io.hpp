@@ -28,6 +28,7 @@
 #include <string_view>
 
 #include "../errors.hpp"
+#include "shared_mappings.hpp"
 
 namespace tensordict::detail {
 
@@ -62,6 +63,10 @@ class mapped_file {
         throw file_error(where + "cannot map it into memory: " + std::strerror(error));
       }
       out->data_ = static_cast<char*>(data);
+      if (shared) {
+        add_shared_mapping(out->data_, out->size_, std::filesystem::weakly_canonical(path, ec).string());
+        out->shared_ = true;
+      }
     }
     ::close(fd);  // the mapping stays valid without the descriptor
     return out;
@@ -70,6 +75,7 @@ class mapped_file {
   mapped_file(const mapped_file&) = delete;
   mapped_file& operator=(const mapped_file&) = delete;
   ~mapped_file() {
+    if (shared_) remove_shared_mapping(data_);
     if (data_) ::munmap(data_, size_);
   }
 
@@ -82,6 +88,7 @@ class mapped_file {
   mapped_file() = default;
   char* data_ = nullptr;
   std::size_t size_ = 0;
+  bool shared_ = false;
 };
 
 inline std::string read_file(const std::string& path, const char* verb) {

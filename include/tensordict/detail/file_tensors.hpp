@@ -127,16 +127,16 @@ AnyTensorDict shaped_for(const AnyTensorDict& any) {
     return any;
 }
 
-// What the typed loaders return: every key a leaf of S, unset leaves unset...
+// What the typed loaders return: every key a leaf of S (strict; else other keys left out), unset leaves unset...
 template <schema_type S>
-TensorDict<S> typed_from_file(const AnyTensorDict& any) {
-  return shaped_for<S>(any).template to_typed<S>({.allow_missing = true});
+TensorDict<S> typed_from_file(const AnyTensorDict& any, const load_options& options) {
+  return shaped_for<S>(any).template to_typed<S>({.allow_missing = true, .ignore_extra = !options.strict});
 }
 
 // ...or exactly the keys, shapes and dtypes of `like`.
 template <schema_type S>
-TensorDict<S> typed_from_file(const AnyTensorDict& any, const TensorDict<S>& like) {
-  return shaped_for<S>(any).to_typed(like);
+TensorDict<S> typed_from_file(const AnyTensorDict& any, const TensorDict<S>& like, const load_options& options) {
+  return shaped_for<S>(any).to_typed(like, {.ignore_extra = !options.strict});
 }
 
 // Runs f; a tensordict error without `verb("path")` in front gets it, and

@@ -20,7 +20,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -75,10 +77,55 @@ inline std::vector<std::int64_t> int_list(const nlohmann::ordered_json& v, const
   return out;
 }
 
+// Python's json module writes a float that is not finite as the bare word
+// NaN, Infinity or -Infinity, which JSON lacks. Read, each becomes a string
+// of its own (the marker, then the word) that json_to_value turns back into
+// the float; written, the marker's string becomes the word again.
+inline constexpr std::string_view non_finite_marker = "\x01tensordict-non-finite:";
+inline constexpr std::string_view non_finite_words[] = {"NaN", "Infinity", "-Infinity"};
+
+inline std::string with_non_finite_marked(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < text.size()) out += text[++i];
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    bool word = false;
+    for (std::string_view w : non_finite_words)
+      if (text.substr(i, w.size()) == w) {
+        out += "\"\\u0001" + std::string(non_finite_marker.substr(1)) + std::string(w) + '"';
+        i += w.size() - 1;
+        word = true;
+        break;
+      }
+    if (!word) out += c;
+  }
+  return out;
+}
+
+// JSON text as Python's json.dumps writes it (compact separators aside): NaN, Infinity, -Infinity bare.
+inline std::string python_json_dump(const nlohmann::ordered_json& v) {
+  std::string text = v.dump();
+  for (std::string_view w : non_finite_words) {
+    const std::string marked = "\"\\u0001" + std::string(non_finite_marker.substr(1)) + std::string(w) + '"';
+    for (std::size_t at = text.find(marked); at != std::string::npos; at = text.find(marked, at + w.size()))
+      text.replace(at, marked.size(), w);
+  }
+  return text;
+}
+
 // `where` names the file in errors.
 inline level parse_meta(std::string_view text, const std::string& where) {
   using json = nlohmann::ordered_json;
-  json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  const std::string marked = with_non_finite_marked(text);
+  json root = json::parse(marked.begin(), marked.end(), nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) throw file_error(where + " is not valid JSON");
   if (!root.is_object()) throw file_error(where + " is not a JSON object");
   level out;
@@ -141,7 +188,13 @@ inline non_tensor_value json_to_value(const nlohmann::ordered_json& v, const std
     throw file_error(where + ": the integer " + v.dump() + " does not fit 64 bits");
   if (v.is_number_integer()) return v.get<std::int64_t>();
   if (v.is_number_float()) return v.get<double>();
-  if (v.is_string()) return v.get<std::string>();
+  if (v.is_string()) {
+    std::string text = v.get<std::string>();
+    if (std::string_view(text).substr(0, non_finite_marker.size()) != non_finite_marker) return text;
+    const std::string_view word = std::string_view(text).substr(non_finite_marker.size());
+    if (word == "NaN") return std::numeric_limits<double>::quiet_NaN();
+    return word == "-Infinity" ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+  }
   std::string text = v.dump();
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   throw file_error(where + " holds " + text + "; non-tensor values are read when they are None, a bool, an int, a float or a "
@@ -153,7 +206,10 @@ inline nlohmann::ordered_json value_to_json(const non_tensor_value& v) {
     nlohmann::ordered_json operator()(std::monostate) const { return nullptr; }
     nlohmann::ordered_json operator()(bool b) const { return b; }
     nlohmann::ordered_json operator()(std::int64_t i) const { return i; }
-    nlohmann::ordered_json operator()(double d) const { return d; }
+    nlohmann::ordered_json operator()(double d) const {
+      if (std::isfinite(d)) return d;
+      return std::string(non_finite_marker) + (std::isnan(d) ? "NaN" : d > 0 ? "Infinity" : "-Infinity");
+    }
     nlohmann::ordered_json operator()(const std::string& s) const { return s; }
   } to_json;
   return std::visit(to_json, v);
@@ -165,7 +221,8 @@ inline nlohmann::ordered_json value_to_json(const non_tensor_value& v) {
 inline NonTensor parse_non_tensor(std::string_view text, const std::string& where, const std::string& kind,
                                   const std::vector<std::int64_t>& batch) {
   using json = nlohmann::ordered_json;
-  const json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  const std::string marked = with_non_finite_marked(text);
+  const json root = json::parse(marked.begin(), marked.end(), nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) throw file_error(where + " is not valid JSON");
   if (!root.is_object()) throw file_error(where + " is not a JSON object");
   const auto type = root.find("_type");
@@ -198,7 +255,7 @@ inline std::string non_tensor_meta(const NonTensor& v) {
     meta["data"] = value_to_json(v.value());
     meta["_metadata"] = nullptr;
     meta["_is_non_tensor"] = true;
-    return meta.dump();
+    return python_json_dump(meta);
   }
   const auto& shape = v.shape();
   std::size_t next = 0;
@@ -212,7 +269,7 @@ inline std::string non_tensor_meta(const NonTensor& v) {
   meta["stack_dim"] = 0;
   meta["device"] = nullptr;
   meta["data"] = nest(nest, 0);
-  return meta.dump();
+  return python_json_dump(meta);
 }
 
 }  // namespace tensordict::detail::memmap

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -96,9 +97,13 @@ NonTensor joined_non_tensor(const std::vector<NonTensor>& entries, const std::ve
 // `theirs` written into `mine` (over a level of batch size `level`) at the
 // batch indices `batch` (all of it when empty), as update_at_ writes a leaf:
 // the new entry, or nullopt when nothing changes. A NonTensorData given
-// another value at some positions becomes a NonTensorStack. `where` starts errors.
+// another value at some positions becomes a NonTensorStack. `where` starts
+// errors. `files`: the file the TensorDict's leaves write through to (empty:
+// none), whose folder would keep the old value, so a change is refused
+// (value_error) before anything is written; Python tensordict refuses it too.
 inline std::optional<NonTensor> non_tensor_written_at(const NonTensor& mine, const NonTensor& theirs, c10::IntArrayRef level,
-                                                      c10::ArrayRef<at::indexing::TensorIndex> batch, const std::string& where) {
+                                                      c10::ArrayRef<at::indexing::TensorIndex> batch, const std::string& where,
+                                                      const std::string& files = {}) {
   const std::int64_t n = c10::multiply_integers(level);
   at::Tensor positions;
   try {
@@ -110,7 +115,12 @@ inline std::optional<NonTensor> non_tensor_written_at(const NonTensor& mine, con
   if (theirs.is_stack() && !positions.sizes().equals(theirs.shape()))
     throw shape_error(where + "cannot write " + theirs.repr() + " at the index, which selects " + format_sizes(positions.sizes()) +
                       " elements");
-  if (!mine.is_stack() && !theirs.is_stack() && mine.value() == theirs.value()) return std::nullopt;
+  if (positions.numel() == 0 || (!mine.is_stack() && !theirs.is_stack() && mine.value() == theirs.value())) return std::nullopt;
+  if (!files.empty())
+    throw value_error(where + "cannot write " + theirs.repr() + " over " + mine.repr() + ": this TensorDict's leaves write through to " +
+                      std::filesystem::path(files).parent_path().string() +
+                      " (load_memory::shared), whose meta.json would keep the old value. Write the tensors alone "
+                      "(other.exclude(...) the key), or write into a copy (clone())");
   std::vector<non_tensor_value> values = mine.per_element(n);
   const std::vector<non_tensor_value> written = theirs.per_element(positions.numel());
   const at::Tensor flat = positions.contiguous();

@@ -36,6 +36,7 @@
 #include "../errors.hpp"
 #include "compat.hpp"
 #include "format.hpp"
+#include "shared_mappings.hpp"
 
 namespace tensordict {
 // The names of the batch dims (Python's td.names): std::nullopt for a dim without one.
@@ -149,6 +150,14 @@ inline std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayRef<at::in
   if (!has_ellipsis)
     for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
   return out;
+}
+
+// The file that one of `leaves` writes through to (a memmap buffer loaded with load_memory::shared), or empty.
+inline std::string written_through_file(const std::vector<at::Tensor>& leaves) {
+  for (const at::Tensor& t : leaves)
+    if (t.defined() && t.has_storage() && t.is_cpu() && t.numel() > 0)
+      if (std::string file = shared_file_at(t.data_ptr()); !file.empty()) return file;
+  return {};
 }
 
 template <class Derived>
@@ -315,7 +324,7 @@ class tensordict_ops {
     // The same number of leaves, and update_at_ finds each of other's here: the same keys.
     if (self().values().size() != other.values().size())
       (void)self().compare(other, "index_put_", [](const at::Tensor& mine, const at::Tensor&) { return mine; });
-    return static_cast<Derived&>(*this).update_at_(other, indices);
+    return static_cast<Derived&>(*this).write_other_at(other, indices, "index_put_");
   }
   Derived& index_put_(std::initializer_list<at::indexing::TensorIndex> indices, const Derived& other) {
     return index_put_(c10::ArrayRef<at::indexing::TensorIndex>(indices.begin(), indices.size()), other);
@@ -580,6 +589,27 @@ class tensordict_ops {
   Derived& mul_(const at::Scalar& s) { return apply_([&](at::Tensor& t) { t.mul_(s); }); }
   Derived& div_(const at::Scalar& s) { return apply_([&](at::Tensor& t) { t.div_(s); }); }
 
+  // Python's td.lerp_(end, weight): each leaf moved towards end's leaf at its key by weight, leaf +
+  // weight * (end - leaf) (a soft target update: target.lerp_(online, 1 - tau)). weight is a scalar
+  // or a tensor that broadcasts to every leaf; leaf, end and a tensor weight share a dtype, as torch.lerp
+  // needs. Keys, batch sizes, dtypes and shapes are checked before the first leaf is written.
+  Derived& lerp_(const Derived& end, const at::Scalar& weight) {
+    check_lerp(end, nullptr, "lerp_");
+    return paired_(end, "lerp_", [&](at::Tensor& a, const at::Tensor& b) { a.lerp_(b, weight); });
+  }
+  Derived& lerp_(const Derived& end, const at::Tensor& weight) {
+    check_lerp(end, &weight, "lerp_");
+    return paired_(end, "lerp_", [&](at::Tensor& a, const at::Tensor& b) { a.lerp_(b, weight); });
+  }
+  Derived lerp(const Derived& end, const at::Scalar& weight) const {
+    check_lerp(end, nullptr, "lerp");
+    return paired(end, "lerp", [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
+  }
+  Derived lerp(const Derived& end, const at::Tensor& weight) const {
+    check_lerp(end, &weight, "lerp");
+    return paired(end, "lerp", [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
+  }
+
   Derived abs() const { return self().apply([](const at::Tensor& t) { return t.abs(); }); }
   Derived neg() const { return self().apply([](const at::Tensor& t) { return t.neg(); }); }
   Derived exp() const { return self().apply([](const at::Tensor& t) { return t.exp(); }); }
@@ -647,9 +677,10 @@ class tensordict_ops {
       std::vector<std::int64_t> out;
       if (rows.kind != row_index::single) out.push_back(rows.count);
       out.insert(out.end(), b.begin() + 1, b.end());
-      if (rows.kind == row_index::single && (rows.start < 0 || rows.start >= b[0]))
+      if (rows.kind == row_index::single && (rows.start < 0 || rows.start >= b[0]))  // named as given: -9, not its normalised -1
         throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(b) + ": index " +
-                          std::to_string(rows.start) + " is out of bounds for batch dim 0 of size " + std::to_string(b[0]));
+                          std::to_string(compat::as_int(batch[0].integer())) + " is out of bounds for batch dim 0 of size " +
+                          std::to_string(b[0]));
       if (rows.kind == row_index::list)
         for (std::int64_t k = 0; k < rows.count; ++k)
           if (rows.list[k] < -b[0] || rows.list[k] >= b[0])
@@ -907,6 +938,34 @@ class tensordict_ops {
     if (!self().batch_size().equals(o.batch_size()))
       throw shape_error(std::string("TensorDict ") + op + ": batch_size=" + format_sizes(self().batch_size()) + " and batch_size=" +
                         format_sizes(o.batch_size()) + " differ");
+  }
+  // lerp's operands, leaf by leaf: end's leaf and a tensor weight of the leaf's dtype, the weight broadcasting to the leaf.
+  void check_lerp(const Derived& end, const at::Tensor* weight, const char* op) const {
+    check_same_batch(end, op);
+    const Derived ends = self().compare(end, op, [](const at::Tensor&, const at::Tensor& b) { return b; });
+    const auto keys = self().keys();
+    const std::vector<at::Tensor> mine = self().values(), theirs = ends.values();
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto where = [&] { return std::string("TensorDict.") + op + "(" + Derived::key_name(keys[i]) + "): "; };
+      if (theirs[i].scalar_type() != mine[i].scalar_type())
+        throw dtype_error(where() + "the leaf is " + describe(mine[i]) + " and end's " + describe(theirs[i]) +
+                          "; lerp needs one dtype (convert end with .to(...))");
+      if (!broadcasts_to(theirs[i], mine[i].sizes()))
+        throw shape_error(where() + "end's " + describe(theirs[i]) + " does not broadcast to the leaf " + describe(mine[i]));
+      if (!weight) continue;
+      if (weight->scalar_type() != mine[i].scalar_type())
+        throw dtype_error(where() + "the weight is " + describe(*weight) + " and the leaf " + describe(mine[i]) +
+                          "; lerp needs one dtype (a scalar weight takes any)");
+      if (!broadcasts_to(*weight, mine[i].sizes()))
+        throw shape_error(where() + "the weight " + describe(*weight) + " does not broadcast to the leaf " + describe(mine[i]));
+    }
+  }
+  // Whether t broadcasts to `shape` without growing it (the rule of an in-place op's other operand).
+  static bool broadcasts_to(const at::Tensor& t, c10::IntArrayRef shape) {
+    const auto dims = static_cast<std::int64_t>(shape.size());
+    bool fits = t.dim() <= dims;
+    for (std::int64_t d = 1; fits && d <= t.dim(); ++d) fits = t.size(-d) == 1 || t.size(-d) == shape[dims - d];
+    return fits;
   }
   template <class F>
   Derived paired(const Derived& o, const char* op, F&& f) const {
