@@ -13,6 +13,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/isinf.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/tensor.h>
@@ -191,6 +193,60 @@ TEST_CASE("samples drawn with a generator seeded as torch.manual_seed equal Pyth
   CHECK(tdn::Independent(tdn::Normal(loc, scale), 2).sample({6}, seeded(1)).sizes() == at::IntArrayRef{6, 3, 4});
 }
 
+// At the edges of the dtypes: a TanhNormal's clamp is the dtype's resolution (torch.finfo(dtype).resolution, as
+// TorchRL's SafeTanhTransform; 1e-6 rounded to exactly +-1 in bfloat16 and log_prob of its own samples was NaN),
+// a Categorical's entropy clamps with the dtype's own smallest finite number (float32's was -inf in bfloat16:
+// NaN), and a float64 TruncatedNormal draws float32 uniforms, as tensordict's does whatever the dtype.
+TEST_CASE("distributions at the edges of their dtypes, as Python computes them", "[distributions]") {
+  for (const auto dtype : {at::kBFloat16, at::kFloat, at::kDouble}) {
+    INFO(c10::toString(dtype));
+    const auto loc = at::tensor({-4.0, 0.0, 3.0, 8.0}).to(dtype), scale = at::full({4}, 2.0, at::TensorOptions(dtype));
+    const tdn::TanhNormal tanh(loc, scale);
+    const auto y = tanh.rsample({64}, seeded(5));
+    CHECK(y.scalar_type() == dtype);
+    CHECK((y.abs() < 1).all().item<bool>());
+    CHECK(tanh.log_prob(y).isfinite().all().item<bool>());
+    CHECK(tanh.log_prob(tanh.mode()).isfinite().all().item<bool>());
+
+    const auto logits = at::tensor({0.0, 1.0, -std::numeric_limits<double>::infinity()}).to(dtype);
+    const auto entropy = tdn::Categorical(logits).entropy();
+    CHECK(entropy.isfinite().all().item<bool>());
+    CHECK(entropy.to(at::kDouble).allclose(tdn::Categorical(logits.to(at::kDouble)).entropy(), 1e-2, 1e-2));
+  }
+
+  const auto loc = at::tensor({-0.3, 0.0, 0.4}, at::kFloat), scale = at::tensor({0.5, 1.0, 2.0}, at::kFloat);
+  const tdn::TruncatedNormal single(loc, scale, {.a = -1.0, .b = 1.0});
+  const tdn::TruncatedNormal twice(loc.to(at::kDouble), scale.to(at::kDouble), {.a = -1.0, .b = 1.0});
+  const auto s32 = single.rsample({50}, seeded(11)), s64 = twice.rsample({50}, seeded(11));
+  CHECK(s64.scalar_type() == at::kDouble);
+  CHECK(s64.to(at::kFloat).allclose(s32, 1e-4, 1e-5));  // the same draws
+  // Python: p = torch.empty(shape).uniform_(1e-6, 1 - 1e-6) (float32), then the icdf in float64.
+  auto p = at::empty({50, 3});
+  p.uniform_(1e-6, 1 - 1e-6, seeded(11));
+  CHECK(s64.equal(twice.icdf(p.to(at::kDouble))));
+}
+
+// OneHotCategorical.rsample's gradient is Python's default (ReparamGradientStrategy.PassThrough): the one-hot
+// sample that sample() draws, plus probs - probs.detach(); relaxed_one_hot is the Gumbel-softmax one.
+TEST_CASE("OneHotCategorical.rsample: pass-through gradients by default, relaxed on request", "[distributions]") {
+  const auto logits = at::tensor({0.1, 0.5, -0.3}, at::kDouble).requires_grad_();
+  const auto weights = at::tensor({1.0, 2.0, 3.0}, at::kDouble);
+  const tdn::OneHotCategorical through(logits);
+  CHECK(through.grad_method() == tdn::reparam_gradient_strategy::pass_through);
+  const auto drawn = through.rsample({6}, seeded(4));
+  CHECK(drawn.scalar_type() == at::kDouble);
+  CHECK(drawn.detach().allclose(through.sample({6}, seeded(4)).to(at::kDouble)));  // Python's draws
+  const auto g = torch::autograd::grad({(drawn * weights).sum()}, {logits}, {}, /*retain_graph=*/true)[0];
+  const auto expected = torch::autograd::grad({(through.probs() * weights).sum() * 6}, {logits})[0];
+  CHECK(g.allclose(expected));
+
+  const tdn::OneHotCategorical relaxed(logits, tdn::reparam_gradient_strategy::relaxed_one_hot);
+  const auto hard = relaxed.rsample({5}, seeded(4));
+  CHECK((hard.detach().sum(-1) == 1).all().item<bool>());
+  CHECK(((hard.detach() == 0) | (hard.detach() == 1)).all().item<bool>());
+  CHECK(torch::autograd::grad({(hard * weights).sum()}, {logits})[0].abs().sum().item<double>() > 0);
+}
+
 TEST_CASE("samples stay in the support and average to the mean", "[distributions]") {
   // (Bounds a few scales from loc: far out, Z is clamped at 1e-6, as Python's.)
   const auto loc = at::tensor({-2.0, 0.0, 0.3, 1.2}, at::kDouble);
@@ -244,8 +300,7 @@ TEST_CASE("rsample differentiates to the parameters; sample does not", "[distrib
   auto logits = at::tensor({0.1, 0.5, -0.3}, at::kDouble).requires_grad_();
   const tdn::OneHotCategorical onehot(logits);
   const auto hard = onehot.rsample({5}, seeded(4));
-  CHECK((hard.detach().sum(-1) == 1).all().item<bool>());
-  CHECK(((hard.detach() == 0) | (hard.detach() == 1)).all().item<bool>());
+  CHECK(hard.detach().sum(-1).allclose(at::ones({5}, at::kDouble)));
   grads = torch::autograd::grad({(hard * at::tensor({1.0, 2.0, 3.0}, at::kDouble)).sum()}, {logits});
   CHECK(grads[0].abs().sum().item<double>() > 0);
 

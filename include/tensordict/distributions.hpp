@@ -93,6 +93,27 @@ inline std::vector<at::Tensor> broadcast_params(const char* dist,
   }
 }
 
+// torch.finfo(dtype).min, the most negative finite number of a floating dtype
+// (float16: -65504; float32's lowest would be -inf there).
+inline double finfo_min(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: return std::numeric_limits<double>::lowest();
+    case at::kHalf: return -65504.0;
+    case at::kBFloat16: return -3.3895313892515355e38;
+    default: return static_cast<double>(std::numeric_limits<float>::lowest());
+  }
+}
+
+// torch.finfo(dtype).resolution: 10^-(decimal digits the dtype holds).
+inline double finfo_resolution(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: return 1e-15;
+    case at::kHalf: return 1e-3;
+    case at::kBFloat16: return 1e-2;
+    default: return 1e-6;
+  }
+}
+
 // The smallest probability a log may be taken of (torch.distributions.utils.clamp_probs).
 inline at::Tensor clamp_probs(const at::Tensor& probs) {
   const double eps = probs.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon()
@@ -134,6 +155,9 @@ class Distribution {
   virtual at::Tensor median() const { refuse("median", "it is not defined in closed form"); }
   virtual at::Tensor variance() const { refuse("variance", "it is not defined in closed form"); }
   at::Tensor stddev() const { return variance().sqrt(); }
+  // Whether mean() is a value the distribution takes, which the MEAN
+  // interaction type may write as an action (a Categorical's NaN is not).
+  virtual bool mean_is_a_value() const { return true; }
   // A sample without randomness, for the DETERMINISTIC interaction type:
   // the mean, or the mode where the mean is no value of the distribution.
   virtual at::Tensor deterministic_sample() const { return mean(); }
@@ -303,12 +327,11 @@ class Categorical : public Distribution {
     return index_log_prob(value);
   }
   at::Tensor entropy() const override {
-    const auto min_real = logits_.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
-                                                               : static_cast<double>(std::numeric_limits<float>::lowest());
-    return -(logits_.clamp_min(min_real) * probs_).sum(-1);
+    return -(logits_.clamp_min(detail::finfo_min(logits_.scalar_type())) * probs_).sum(-1);
   }
   // NaN, as torch's (an index has no mean); deterministic_sample is the mode.
   at::Tensor mean() const override { return at::full(extended_shape({}), NAN, probs_.options()); }
+  bool mean_is_a_value() const override { return false; }
   at::Tensor variance() const override { return at::full(extended_shape({}), NAN, probs_.options()); }
   at::Tensor mode() const override { return probs_.argmax(-1); }
   at::Tensor median() const override { refuse("median", "class indices are not ordered; use mode()"); }
@@ -355,16 +378,26 @@ class Categorical : public Distribution {
   at::Tensor logits_, probs_;
 };
 
+// How OneHotCategorical.rsample passes gradients (Python's
+// ReparamGradientStrategy). pass_through (Python's default): the one-hot
+// sample that sample() draws, plus probs - probs.detach() (the gradient of the
+// probabilities). relaxed_one_hot: one-hot values of a relaxed (Gumbel-softmax,
+// temperature 1) sample, with its gradients.
+enum class reparam_gradient_strategy { pass_through, relaxed_one_hot };
+
 // OneHotCategorical (tensordict.nn.distributions.OneHotCategorical): a
 // Categorical whose values are one-hot int64 vectors; event_shape [n].
-// rsample is straight-through: one-hot values, the gradients of a relaxed
-// (Gumbel-softmax, temperature 1) sample.
+// rsample's values are floating (the probabilities' dtype), as Python's.
 class OneHotCategorical : public Categorical {
  public:
-  explicit OneHotCategorical(const at::Tensor& logits) : OneHotCategorical(Categorical(logits)) {}
-  static OneHotCategorical from_probs(const at::Tensor& probs) {
-    return OneHotCategorical(Categorical::from_probs(probs));
+  explicit OneHotCategorical(const at::Tensor& logits,
+                             reparam_gradient_strategy grad_method = reparam_gradient_strategy::pass_through)
+      : OneHotCategorical(Categorical(logits), grad_method) {}
+  static OneHotCategorical from_probs(const at::Tensor& probs,
+                                      reparam_gradient_strategy grad_method = reparam_gradient_strategy::pass_through) {
+    return OneHotCategorical(Categorical::from_probs(probs), grad_method);
   }
+  reparam_gradient_strategy grad_method() const { return grad_method_; }
 
   std::string name() const override { return "OneHotCategorical"; }
   bool has_rsample() const override { return true; }
@@ -375,6 +408,8 @@ class OneHotCategorical : public Categorical {
   }
   at::Tensor rsample(at::IntArrayRef sample_shape = {},
                      std::optional<at::Generator> generator = std::nullopt) const override {
+    if (grad_method_ == reparam_gradient_strategy::pass_through)
+      return sample(sample_shape, std::move(generator)).to(probs_.scalar_type()) + probs_ - probs_.detach();
     auto uniforms = at::empty(extended_shape(sample_shape), logits_.options().requires_grad(false));
     uniforms.uniform_(0, 1, detail::generator_arg(generator));
     const auto gumbels = -(-(detail::clamp_probs(uniforms).log())).log();
@@ -398,7 +433,9 @@ class OneHotCategorical : public Categorical {
   at::Tensor deterministic_sample() const override { return mode(); }
 
  private:
-  explicit OneHotCategorical(const Categorical& c) : Categorical(c, {c.num_events()}) {}
+  OneHotCategorical(const Categorical& c, reparam_gradient_strategy grad_method)
+      : Categorical(c, {c.num_events()}), grad_method_(grad_method) {}
+  reparam_gradient_strategy grad_method_;
 };
 
 // Bernoulli(probs) (torch.distributions.Bernoulli): values 0 or 1 in the
@@ -532,9 +569,10 @@ class TruncatedNormal : public Distribution {
 
   at::Tensor rsample(at::IntArrayRef sample_shape = {},
                      std::optional<at::Generator> generator = std::nullopt) const override {
-    auto p = at::empty(extended_shape(sample_shape), loc_.options().requires_grad(false));
+    // float32 uniforms whatever the dtype, as tensordict's (torch.empty's default dtype): a seed draws Python's samples.
+    auto p = at::empty(extended_shape(sample_shape), loc_.options().dtype(at::kFloat).requires_grad(false));
     p.uniform_(eps, 1 - eps, detail::generator_arg(generator));
-    return icdf(p);
+    return icdf(p.to(loc_.scalar_type()));
   }
   at::Tensor log_prob(const at::Tensor& value) const override {
     check_value(value, "log_prob");
@@ -618,8 +656,8 @@ struct TanhNormalOptions {
   // How many of loc's last dims are the event (log_prob sums over them).
   int64_t event_dims = 1;
   // tanh's output kept within 1 - eps of +-1 (eps: the dtype's resolution,
-  // 1e-6 for float32) so that its inverse stays finite, as TorchRL's
-  // SafeTanhTransform.
+  // torch.finfo(dtype).resolution: 1e-6 for float32, 1e-2 for bfloat16) so
+  // that its inverse stays finite, as TorchRL's SafeTanhTransform.
   bool safe_tanh = true;
 };
 
@@ -665,6 +703,7 @@ class TanhNormal : public Distribution {
     log_prob = log_prob.defined() ? log_prob - log_det : -log_det;
     return log_prob + base_dist().log_prob(x);
   }
+  // TorchRL's refuses too; the MEAN interaction type estimates it (draw).
   at::Tensor mean() const override {
     refuse("mean", "it has no closed form; estimate it with sample({N}).mean(0) for a large N");
   }
@@ -706,7 +745,7 @@ class TanhNormal : public Distribution {
   bool affine() const { return options_.low != -1.0 || options_.high != 1.0; }
   double affine_loc() const { return (options_.high + options_.low) / 2; }
   double affine_scale() const { return (options_.high - options_.low) / 2; }
-  double resolution() const { return loc_.scalar_type() == at::kDouble ? 1e-15 : 1e-6; }
+  double resolution() const { return detail::finfo_resolution(loc_.scalar_type()); }
 
   at::Tensor transform(const at::Tensor& x) const {
     auto y = x.tanh();
