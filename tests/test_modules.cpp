@@ -3,14 +3,18 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/randn.h>
 #include <torch/nn/modules/rnn.h>
 #include <torch/optim/adam.h>
 
+#include <tensordict/functional.hpp>
 #include <tensordict/modules.hpp>
+#include <tensordict/modules/builtin.hpp>
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
+using tensordict::nested_key;
 using test::Contains;
 using test::impl;
 
@@ -42,6 +46,42 @@ TEST_CASE("TensorDictModule reads in keys and writes out keys", "[modules]") {
   CHECK(out.get<"y">().allclose(member->module->forward(td.get<"x">())));
   CHECK(out.get<"x">().is_same(td.get<"x">()));
   CHECK(member->parameters().size() == 2);
+}
+
+// A critic reading two keys, as TorchRL's MLP concatenates its inputs: cat_inputs joins the in keys' tensors
+// along their last dim into the module's one input, in the forward, the functional call and an ensemble of
+// critics; the run-time module takes {.cat_inputs = true}.
+TEST_CASE("TensorDictModule with cat_inputs: several in keys joined along the last dim", "[modules]") {
+  using critic_net = tdn::Sequential<torch::nn::Linear, torch::nn::ReLU, torch::nn::Linear>;
+  using critic_t = tdn::TensorDictModule<critic_net, tdn::in_keys<"observation", nested_key<"agent", "action">>,
+                                         tdn::out_keys<"value">, tdn::cat_inputs>;
+  using input_t = schema<leaf<"observation">, node<"agent", leaf<"action">>>;
+  critic_t critic(critic_net(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 1)));
+  TensorDict<input_t> td({at::randn({5, 3}), at::randn({5, 1})}, {5});
+  const at::Tensor joined = at::cat({td.get<"observation">(), td.get<"agent", "action">()}, -1);
+  const auto out = critic(td);
+  CHECK(out.get<"value">().equal(critic->module->forward(joined)));
+  CHECK(critic->named_parameters().contains("module.0.weight"));  // Python's names: the MLP's own
+
+  // The functional call and an ensemble of two critics (the input shared, or mapped by its batch dim 0).
+  const auto params = from_module(critic);
+  CHECK(functional_call(critic, params, td).get<"value">().equal(out.get<"value">()));
+  auto stacked = from_modules(std::vector<critic_t>{critic, critic_t(critic_net(torch::nn::Linear(4, 8), torch::nn::ReLU(),
+                                                                                   torch::nn::Linear(8, 1)))});
+  const auto both = tdn::functional_vmap(critic, stacked, td);
+  CHECK(both.batch_size() == c10::IntArrayRef({2, 5}));
+  CHECK(both.get<"value">()[0].allclose(out.get<"value">(), 1e-5, 1e-6));
+  const auto mapped = tdn::functional_vmap(critic, stacked, td.unsqueeze(0).expand({2, 5}).clone(), 0);
+  CHECK(mapped.get<"value">().allclose(both.get<"value">(), 1e-5, 1e-6));
+
+  // Leading dims that differ: shape_error naming each key's tensor.
+  TensorDict<input_t> odd({at::randn({5, 3}), at::randn({5, 2, 1})}, {5});
+  CHECK_THROWS_AS(critic(odd), shape_error);
+  CHECK_THROWS_WITH(critic(odd), Contains("\"observation\" f32[5,3], (\"agent\", \"action\") f32[5,2,1]"));
+
+  torch::nn::Sequential any_net(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 1));
+  tdn::AnyTensorDictModule any_critic(any_net, {{"observation"}, {"agent", "action"}}, {{"value"}}, {.cat_inputs = true});
+  CHECK(any_critic(AnyTensorDict(td)).get("value").equal(any_net->forward(joined)));
 }
 
 TEST_CASE("EnsembleModule: the reference's example", "[modules]") {

@@ -38,7 +38,7 @@ TEST_CASE("named_parameters give the reference's dotted names", "[params]") {
   auto net = make_mlp();
   auto params = from_module(net);
   params.lock_();
-  auto p = tdn::make_params(params);
+  auto p = tdn::TensorDictParams(params);
   Holder<mlp_schema> m(p);
   CHECK(names_of(m.named_parameters()) ==
         std::vector<std::string>{"params.0.weight", "params.0.bias", "params.1.weight", "params.1.bias"});
@@ -56,8 +56,8 @@ TEST_CASE("unique_parameters lists a tied weight once, so an optimizer steps it 
   auto shared = from_module(net).detach().clone();
   struct Two : torch::nn::Module {
     Two(const TensorDict<mlp_schema>& td) {
-      register_module("a", tdn::make_params(td));
-      register_module("b", tdn::make_params(td));  // the same tensors again: tied
+      register_module("a", tdn::TensorDictParams(td));
+      register_module("b", tdn::TensorDictParams(td));  // the same tensors again: tied
     }
   } two(shared);
   CHECK(two.parameters().size() == 8);  // libtorch lists each registration
@@ -74,7 +74,7 @@ TEST_CASE("unique_parameters lists a tied weight once, so an optimizer steps it 
 TEST_CASE("a tensor at two paths of one TensorDictParams is registered once; set makes and breaks the tie", "[params]") {
   auto td = from_module(make_mlp()).detach().clone();
   td.set<"1", "bias">(td.get<"0", "bias">());  // tied: 0.bias and 1.bias are one tensor
-  auto p = tdn::make_params(td);
+  auto p = tdn::TensorDictParams(td);
   CHECK(names_of(p->named_parameters()) == std::vector<std::string>{"0.weight", "0.bias", "1.weight"});
   CHECK(p->parameters().size() == 3);
   CHECK(impl(p->get<"1", "bias">()) == impl(p->get<"0", "bias">()));  // still readable at both paths
@@ -102,12 +102,12 @@ TEST_CASE("floating dtypes become parameters, the others buffers", "[params]") {
   using S = schema<leaf<"f16">, leaf<"f32">, leaf<"f64">, leaf<"bf16">, leaf<"i64">, leaf<"flag">, leaf<"c64">>;
   TensorDict<S> td({at::zeros({2}, at::kHalf), at::zeros({2}), at::zeros({2}, at::kDouble), at::zeros({2}, at::kBFloat16),
                     at::zeros({2}, at::kLong), at::zeros({2}, at::kBool), at::zeros({2}, at::kComplexFloat)});
-  auto p = tdn::make_params(td);
+  auto p = tdn::TensorDictParams(td);
   CHECK(names_of(p->named_parameters()) == std::vector<std::string>{"f16", "f32", "f64"});
   CHECK(names_of(p->named_buffers()) == std::vector<std::string>{"bf16", "i64", "flag", "c64"});
   CHECK(p->get<"f32">().requires_grad());
 
-  auto all_buffers = tdn::make_params(td.clone(), {.no_convert = true});
+  auto all_buffers = tdn::TensorDictParams(td.clone(), {.no_convert = true});
   CHECK(all_buffers->named_parameters().is_empty());
   CHECK(all_buffers->named_buffers().size() == 7);
 
@@ -119,7 +119,7 @@ TEST_CASE("floating dtypes become parameters, the others buffers", "[params]") {
 
 TEST_CASE("writes show on both sides; the registry follows writes through the params", "[params]") {
   auto td = from_module(make_mlp()).detach().clone();
-  auto p = tdn::make_params(td);
+  auto p = tdn::TensorDictParams(td);
   at::NoGradGuard no_grad;  // the leaves are parameters now
   td.get<"0", "bias">().fill_(3);
   CHECK((p->get<"0", "bias">() == 3).all().item<bool>());
@@ -139,7 +139,7 @@ TEST_CASE("writes show on both sides; the registry follows writes through the pa
 TEST_CASE("a leaf set for the first time through the params is registered", "[params]") {
   using S = schema<leaf<"w">, leaf<"steps">>;
   TensorDict<S> td({at::zeros({2}), at::Tensor()});
-  auto p = tdn::make_params(td);
+  auto p = tdn::TensorDictParams(td);
   CHECK(p->named_buffers().is_empty());
   p->set<"steps">(at::zeros({}, at::kLong));
   CHECK(p->named_buffers().contains("steps"));
@@ -148,7 +148,7 @@ TEST_CASE("a leaf set for the first time through the params is registered", "[pa
 
 TEST_CASE("lock locks the wrapped TensorDict, writes through the params still work", "[params]") {
   auto td = from_module(make_mlp()).detach().clone();
-  auto p = tdn::make_params(td, {.lock = true});
+  auto p = tdn::TensorDictParams(td, {.lock = true});
   CHECK(td.is_locked());
   CHECK_THROWS_AS((td.set<"0", "bias">(at::zeros({4}))), lock_error);
   p->set<"0", "bias">(at::zeros({4}));
@@ -156,8 +156,29 @@ TEST_CASE("lock locks the wrapped TensorDict, writes through the params still wo
   CHECK((td.get<"0", "bias">() == 0).all().item<bool>());
 }
 
+TEST_CASE("lerp_: a target network's soft update in place, without recording gradients", "[params]") {
+  auto online = tdn::TensorDictParams(from_module(make_mlp()).detach().clone());
+  auto target = tdn::TensorDictParams(from_module(make_mlp()).detach().clone(), {.lock = true});
+  const at::Tensor weight = target->get<"0", "weight">();
+  const at::Tensor expected = weight.detach().lerp(online->get<"0", "weight">().detach(), 0.005);
+  target->lerp_(*online, 0.005);
+  CHECK(impl(target->get<"0", "weight">()) == impl(weight));  // the registry and an optimizer keep it
+  CHECK(impl(target->named_parameters()["0.weight"]) == impl(weight));
+  CHECK(weight.allclose(expected));
+  CHECK(weight.requires_grad());
+  CHECK(weight.grad_fn() == nullptr);
+  target->lerp_(online->tensordict(), at::full({}, 1.0));
+  CHECK(weight.equal(online->get<"0", "weight">()));
+
+  torch::nn::Sequential seq(torch::nn::Linear(3, 2));
+  auto any_online = from_module(seq, tdn::as_module);
+  auto any_target = tdn::AnyTensorDictParams(std::make_shared<tdn::AnyTensorDictParamsImpl>(any_online->tensordict().detach().clone().zero_()));
+  any_target->lerp_(any_online->tensordict(), 0.5);
+  CHECK(any_target->tensordict().get("0", "weight").allclose(seq[0]->as<torch::nn::Linear>()->weight * 0.5));
+}
+
 TEST_CASE("a get hook sees every read", "[params]") {
-  auto p = tdn::make_params(from_module(make_mlp()).detach().clone());
+  auto p = tdn::TensorDictParams(from_module(make_mlp()).detach().clone());
   int reads = 0;
   p->register_get_post_hook([&](const auto&, const at::Tensor& t) {
     ++reads;
@@ -176,8 +197,8 @@ TEST_CASE("a get hook sees every read", "[params]") {
 }
 
 TEST_CASE("state_dict and load_state_dict", "[params]") {
-  auto p = tdn::make_params(from_module(make_mlp()).detach().clone());
-  auto q = tdn::make_params(from_module(make_mlp()).detach().clone());
+  auto p = tdn::TensorDictParams(from_module(make_mlp()).detach().clone());
+  auto q = tdn::TensorDictParams(from_module(make_mlp()).detach().clone());
   const c10::TensorImpl* before = impl(q->get<"0", "weight">());
   q->load_state_dict(p->state_dict());
   CHECK(q->get<"0", "weight">().equal(p->get<"0", "weight">()));
@@ -213,7 +234,7 @@ TEST_CASE("an optimizer step changes the wrapped TensorDict", "[params]") {
 TEST_CASE("to, and clone with its kinds and ties", "[params]") {
   auto td = from_module(make_mlp()).detach().clone();
   td.set<"1", "bias">(td.get<"0", "bias">());  // one tensor at two paths
-  auto p = tdn::make_params(td);
+  auto p = tdn::TensorDictParams(td);
   p->to(at::kDouble);
   CHECK(td.get<"0", "weight">().scalar_type() == at::kDouble);  // same tensors
   auto c = p->clone_params();
@@ -251,7 +272,7 @@ TEST_CASE("torch::nn::Module::clone() works on TensorDictParams, keeping kinds a
   // Issue 12, defect 5: the inherited clone() threw "clone() has not been implemented".
   auto td = from_module(make_mlp()).detach().clone();
   td.set<"1", "bias">(td.get<"0", "bias">());
-  auto p = tdn::make_params(td);
+  auto p = tdn::TensorDictParams(td);
   std::shared_ptr<torch::nn::Module> base = p.ptr();
   auto copy = std::dynamic_pointer_cast<tdn::TensorDictParamsImpl<mlp_schema>>(base->clone());
   REQUIRE(copy);

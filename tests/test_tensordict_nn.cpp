@@ -10,9 +10,13 @@
 #include "test_helpers.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -133,6 +137,36 @@ TEST_CASE("interaction types: the guard's per thread, else the module's default;
   const auto out = head(td);
   CHECK(head->log_prob(out).equal(out.get<"sample_log_prob">()));
   CHECK(head->get_dist(td).batch_shape() == std::vector<int64_t>{4, 3});
+}
+
+// MEAN as Python's module computes it: the distribution's mean, else (no closed form: TanhNormal) the mean of
+// n_empirical_estimate draws; a Categorical's mean (NaN, no class index) is refused with value_error (the NaN
+// was cast to an index: c10::Error "index -9223372036854775808 is out of bounds").
+TEST_CASE("interaction_type::mean: estimated where there is no closed form, refused where it is no value", "[tensordict_nn]") {
+  const auto loc = at::tensor({-0.5, 0.0, 2.0}).unsqueeze(0).expand({4, 3}).contiguous();
+  TensorDict<loc_scale> td({loc, at::full({4, 3}, 0.1)}, {4});
+  tdn::set_interaction_type mean(tdn::interaction_type::mean);
+  tdn::ProbabilisticTensorDictModule<tdn::TanhNormal, tdn::in_keys<"loc", "scale">, tdn::out_keys<"action">> tanh_head(
+      {.n_empirical_estimate = 500});
+  at::manual_seed(3);
+  const auto action = tanh_head(td).get<"action">();
+  at::manual_seed(3);
+  const auto expected = tanh_head->get_dist(td).rsample({500}).mean(0);
+  CHECK(action.equal(expected));
+  CHECK(action.allclose(loc.tanh(), 0, 0.05));  // narrow scales: near tanh(loc)
+
+  using logits_only = schema<leaf<"logits">>;
+  const TensorDict<logits_only> scores({at::randn({4, 5})}, {4});
+  tdn::ProbabilisticTensorDictModule<tdn::Categorical, tdn::in_keys<"logits">, tdn::out_keys<"action">,
+                                     tdn::log_prob_key<"sample_log_prob">>
+      categorical;
+  CHECK_THROWS_AS(categorical(scores), value_error);
+  CHECK_THROWS_WITH(categorical(scores), Contains("interaction_type::mean has no value for Categorical(batch_shape=[4]"));
+  tdn::ProbabilisticTensorDictModule<tdn::OneHotCategorical, tdn::in_keys<"logits">, tdn::out_keys<"action">> one_hot;
+  CHECK_THROWS_WITH(one_hot(scores), Contains("interaction_type::mean has no value for OneHotCategorical"));
+  tdn::AnyProbabilisticTensorDictModule any_head(tdn::distribution_builder::of<tdn::Categorical>(), {{"logits", {"logits"}}},
+                                                 {"action"});
+  CHECK_THROWS_WITH(any_head(AnyTensorDict(scores)), Contains("interaction_type::mean has no value for Categorical"));
 }
 
 // ---- TensorDictSequential ---------------------------------------------------------
@@ -364,6 +398,45 @@ TEST_CASE("typed nested keys give tensordict 0.4's Gaussian policy, outputs and 
       {input.get<"agents", "observation">(), load_memmap(dir + "fixed_action").get("action")}, {5});
   CHECK(test::near_python(policy->log_prob(with_action), values.get("log_prob")));
   CHECK(test::near_python(policy->get_dist(input).entropy(), values.get("entropy")));
+}
+
+// A typed head that reads its parameters from other keys, as Python's dict in_keys ({"loc": ("agents", "robot",
+// "mu"), ...}: param_keys) and list of nested keys (by their last part) do: the policy still ends a
+// ProbabilisticTensorDictSequential, has a schema (from_module, functional_call, load_memmap<S>) and get_dist,
+// and gives Python's Gaussian policy's values (only the keys of loc and scale differ).
+TEST_CASE("typed probabilistic heads read their parameters from other keys (Python's dict in_keys)", "[tensordict_nn]") {
+  using tensordict::nested_key;
+  using mlp_t = tdn::Sequential<torch::nn::Linear, torch::nn::Tanh, torch::nn::Linear, torch::nn::Tanh, torch::nn::Linear>;
+  using net_t = tdn::TensorDictModule<mlp_t, tdn::in_keys<nested_key<"agents", "observation">>, tdn::out_keys<"param">>;
+  constexpr auto mu = nested_key<"agents", "robot", "mu">;
+  constexpr auto sigma = nested_key<"agents", "robot", "sigma">;
+  using extractor_t = tdn::TensorDictModule<tdn::NormalParamExtractor, tdn::in_keys<"param">, tdn::out_keys<mu, sigma>>;
+  using head_t = tdn::ProbabilisticTensorDictModule<tdn::Normal, tdn::param_keys<tdn::param<"scale", sigma>, tdn::param<"loc", mu>>,
+                                                    tdn::out_keys<nested_key<"agents", "action">>, tdn::log_prob_key<"sample_log_prob">>;
+  tdn::ProbabilisticTensorDictSequential<net_t, extractor_t, head_t> policy(
+      net_t(mlp_t(torch::nn::Linear(4, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32), torch::nn::Tanh(), torch::nn::Linear(32, 8))),
+      extractor_t(tdn::NormalParamExtractor()), head_t());
+  const auto dir = test::nn_fixture("gaussian_policy");
+  const auto params = python_params(policy, dir);  // load_memmap<schema_of<...>>: the sequence has a schema
+  using input_t = schema<node<"agents", leaf<"observation">>>;
+  const auto input = load_memmap(dir + "input").to_typed<input_t>();
+  const auto python = load_memmap(dir + "output_mode");
+  const auto out = functional_call(policy, params, input);
+  CHECK(test::near_python(out.get<"agents", "robot", "mu">(), python.get("loc")));
+  CHECK(test::near_python(out.get<"agents", "action">(), python.get("agents", "action")));
+  CHECK(test::near_python(out.get<"sample_log_prob">(), python.get("sample_log_prob")));
+  auto swap = to_module(params, policy);
+  CHECK(test::near_python(policy->get_dist(input).entropy(), load_memmap(dir + "dist_values").get("entropy")));
+  CHECK(test::near_python(policy(input).get<"agents", "action">(), python.get("agents", "action")));
+
+  // A list of nested keys feeds the parameters by their last part (Python's rule).
+  using by_last_part = tdn::ProbabilisticTensorDictModule<tdn::Normal, tdn::in_keys<nested_key<"agents", "scale">, nested_key<"agents", "loc">>,
+                                                          tdn::out_keys<"action">>;
+  using nested_input = schema<node<"agents", leaf<"loc">, leaf<"scale">>>;
+  const TensorDict<nested_input> nested_td({at::randn({3, 2}), at::rand({3, 2}) + 0.5}, {3});
+  const auto dist = by_last_part().ptr()->get_dist(nested_td);
+  CHECK(dist.loc().equal(nested_td.get<"agents", "loc">()));
+  CHECK(dist.scale().equal(nested_td.get<"agents", "scale">()));
 }
 
 TEST_CASE("run-time twins with nested keys give tensordict 0.4's Gaussian and Independent(Normal) policies",
@@ -641,8 +714,7 @@ TEST_CASE("CompositeProbabilisticTensorDictModule writes every head's value and 
       {"params"}, {{{"move"}, tdn::distribution_builder::of<tdn::Normal>()}, {{"grip"}, tdn::distribution_builder::of<tdn::Categorical>()}},
       {.return_log_prob = true});
   CHECK(head->in_keys() == std::vector<any_key_path>{{"params"}});
-  CHECK(head->out_keys() ==
-        std::vector<any_key_path>{{"move"}, {"grip"}, {"move_log_prob"}, {"grip_log_prob"}, {"sample_log_prob"}});
+  CHECK(head->out_keys() == std::vector<any_key_path>{{"move"}, {"grip"}, {"sample_log_prob"}});  // Python's: no per-head keys
   const auto out = head(td);  // mode by default
   CHECK(out.get("move").equal(td.get("params", "move", "loc")));
   CHECK(out.get("grip").equal(td.get("params", "grip", "logits").argmax(-1)));
@@ -675,4 +747,29 @@ TEST_CASE("CompositeProbabilisticTensorDictModule writes every head's value and 
                                        leaf<"move">, leaf<"grip">, leaf<"move_log_prob">, leaf<"grip_log_prob">, leaf<"sample_log_prob">>>);
   CHECK(acted.get<"move">().equal(obs.get<"obs">().narrow(-1, 0, 2)));
   CHECK(acted.get<"grip">().equal(obs.get<"obs">().narrow(-1, 4, 4).argmax(-1)));
+  // The typed sequence ending in the composite head (a ProbabilisticTensorDictSequential) has get_dist and log_prob.
+  tdn::ProbabilisticTensorDictSequential<net_t, decltype(typed_head)> typed_policy(net_t(std::make_shared<Heads>()), typed_head);
+  const tdn::CompositeDistribution typed_dist = typed_policy->get_dist(obs);
+  CHECK(typed_dist.size() == 2);
+  CHECK(typed_dist.mode().get("grip").equal(acted.get<"grip">()));
+  CHECK(at::allclose(typed_policy->log_prob(acted), acted.get<"sample_log_prob">()));
+
+  // In a run-time sequence: the composite head reads the sub-TensorDict "params", which the input holds or an
+  // earlier module writes (the wiring check counted leaves only); get_composite_dist and log_prob reach it.
+  tdn::AnyTensorDictSequential alone(std::make_shared<tdn::AnyTensorDictSequentialImpl>(head));
+  CHECK(alone(td).get("move").equal(out.get("move")));
+  tdn::AnyTensorDictSequential any_policy(tdn::as_any_module(net_t(std::make_shared<Heads>())), head);
+  const AnyTensorDict any_obs(obs);
+  const auto any_acted = any_policy(any_obs);
+  CHECK(any_acted.get("grip").equal(acted.get<"grip">()));
+  CHECK(any_acted.contains({"move_log_prob"}));
+  const tdn::CompositeDistribution composite = any_policy->get_composite_dist(any_obs);
+  CHECK(composite.size() == 2);
+  CHECK(composite.head({"move"}).name() == "Normal");
+  CHECK(at::allclose(any_policy->log_prob(any_acted), any_acted.get("sample_log_prob")));
+  CHECK_THROWS_WITH(any_policy->get_dist(any_obs), Contains("whose distribution is a CompositeDistribution; call get_composite_dist(td)"));
+  tdn::AnyTensorDictSequential nested(tdn::as_any_module(net_t(std::make_shared<Heads>())), alone);
+  CHECK(at::allclose(nested->log_prob(any_acted), any_acted.get("sample_log_prob")));
+  CHECK(nested->get_composite_dist(any_obs).size() == 2);
+  CHECK_THROWS_AS(alone(AnyTensorDict({3})), key_error);
 }

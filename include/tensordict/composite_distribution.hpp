@@ -17,7 +17,9 @@
 // CompositeProbabilisticTensorDictModule reads the parameters from a key of
 // the input and writes the sample's leaves (and, with return_log_prob, the
 // log-probabilities) into the output, as Python's ProbabilisticTensorDictModule
-// does with a CompositeDistribution.
+// does with a CompositeDistribution; its out_keys() are Python's (the heads and
+// "sample_log_prob"). At the end of an AnyTensorDictSequential, the sequence's
+// get_composite_dist and log_prob ("sample_log_prob") reach it.
 #pragma once
 
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
@@ -195,13 +197,11 @@ class CompositeProbabilisticTensorDictModuleImpl : public AnyTensorDictModuleBas
   composite_options options;
 
  private:
+  // As Python's out_keys: the heads, then "sample_log_prob" (the per-head log-probabilities are written, not listed).
   static std::vector<any_key_path> outs(const distribution_map& distributions, const composite_options& o) {
     std::vector<any_key_path> out;
     for (const auto& [head, builder] : distributions) out.push_back(head);
-    if (o.return_log_prob) {
-      for (const auto& [head, builder] : distributions) out.push_back(detail::suffixed(head, "_log_prob"));
-      out.push_back({"sample_log_prob"});
-    }
+    if (o.return_log_prob) out.push_back({"sample_log_prob"});
     return out;
   }
   distribution_map distributions_;

@@ -13,8 +13,9 @@
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
 #include "functional_vmap.hpp"
 
-#include <cstdint>
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -24,6 +25,7 @@
 #include <vector>
 #include <utility>
 
+#include <ATen/ops/cat.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -38,12 +40,21 @@ struct in_keys {};
 template <key... Keys>
 struct out_keys {};
 
+// How a TensorDictModule hands its in keys' tensors to the module: one
+// argument each (separate_inputs, the default), or concatenated along their
+// last dim into one (cat_inputs, as TorchRL's MLP takes a critic's
+// observation and action): TensorDictModule<Mlp, in_keys<"observation",
+// "action">, out_keys<"value">, cat_inputs>.
+struct separate_inputs {};
+struct cat_inputs {};
+
 namespace compile_error {
 template <class InKey, class Available>
 struct tensordict_lacks_in_key {
   static_assert(::tensordict::compile_error::always_false<Available>,
                 "tensordict::nn::TensorDictModule: the TensorDict has no leaf for an in key (first in "
-                "'tensordict_lacks_in_key<...>' above; its keys follow). Set it before calling the module.");
+                "'tensordict_lacks_in_key<...>' above; then the keys at the level where the key path stops "
+                "matching). Set it before calling the module.");
 };
 }  // namespace compile_error
 
@@ -114,13 +125,42 @@ TensorDict<O> with_leaves_of(const TensorDict<S>& td, c10::IntArrayRef batch) {
   return TensorDict<O>(std::move(leaves), batch, td.device());
 }
 
+// The in keys' tensors joined along their last dim (cat_inputs); their
+// leading dims must be equal (shape_error naming each key's tensor).
+inline at::Tensor cat_last(const std::vector<at::Tensor>& parts, const std::vector<std::string>& keys, const std::string& who) {
+  bool same = true;
+  for (const at::Tensor& t : parts)
+    same = same && t.dim() >= 1 && t.dim() == parts.front().dim() &&
+           std::equal(t.sizes().begin(), t.sizes().end() - 1, parts.front().sizes().begin());
+  if (!same) {
+    std::string listed;
+    for (std::size_t i = 0; i < parts.size(); ++i) listed += (i ? ", " : "") + keys[i] + " " + describe(parts[i]);
+    throw shape_error(who + ": cat_inputs joins the in keys' tensors along their last dim, so their other dims must be "
+                      "equal; got " + listed);
+  }
+  return parts.size() == 1 ? parts.front() : at::cat(parts, -1);
+}
+template <key... In>
+at::Tensor cat_in_keys(const std::vector<at::Tensor>& parts) {
+  return cat_last(parts, {key_parts_t<In>::describe()...}, "tensordict::nn::TensorDictModule");
+}
+// f(the in keys' tensors): one argument each, or joined (cat_inputs) into one.
+template <class Inputs, key... In, class F, class... T>
+decltype(auto) with_inputs(F&& f, const T&... tensors) {
+  if constexpr (std::is_same_v<Inputs, cat_inputs>)
+    return f(cat_in_keys<In...>({tensors...}));
+  else
+    return f(tensors...);
+}
+
 // Reports (does not compile) the first in key that S lacks.
 template <class S, key... In>
 constexpr void report_missing_in_keys() {
   auto one = []<key K>() {
     if constexpr (!has_key_v<S, K>)
       ::tensordict::compile_error::report<
-          ::tensordict::nn::compile_error::tensordict_lacks_in_key<key_parts_t<K>, typename S::keys>>();
+          ::tensordict::nn::compile_error::tensordict_lacks_in_key<
+              key_parts_t<K>, typename ::tensordict::detail::keys_where_path_fails<S, key_parts_t<K>>::type>>();
   };
   (one.template operator()<In>(), ...);
 }
@@ -129,18 +169,21 @@ constexpr void report_missing_in_keys() {
 
 // (The wrapped module's type is not called Module: inside a class derived from
 // torch::nn::Module that name means the base.)
-template <class Wrapped, class In, class Out>
+template <class Wrapped, class In, class Out, class Inputs = separate_inputs>
 class TensorDictModuleImpl;
 
-template <class Wrapped, key... In, key... Out>
-class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public torch::nn::Module {
+template <class Wrapped, key... In, key... Out, class Inputs>
+class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>, Inputs> : public torch::nn::Module {
   static_assert(sizeof...(Out) >= 1, "tensordict::nn::TensorDictModule: name an out key for each tensor the module returns.");
+  static_assert(std::is_same_v<Inputs, separate_inputs> || std::is_same_v<Inputs, cat_inputs>,
+                "tensordict::nn::TensorDictModule: its fourth argument is separate_inputs (the default) or cat_inputs.");
 
  public:
   using module_type = Wrapped;
   using inner_impl = impl_of_t<Wrapped>;
   using in_keys_t = in_keys<In...>;
   using out_keys_t = out_keys<Out...>;
+  using inputs_t = Inputs;
 
   explicit TensorDictModuleImpl(Wrapped wrapped) : module(register_module("module", std::move(wrapped))) {}
 
@@ -159,7 +202,8 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
       check_in_keys<S>();  // reports the missing key; nothing more to compile
       return TensorDict<output_schema<S>>();
     } else {
-      return with_output(td, module->forward(detail::get_key<In>(td)...));
+      return with_output(td, detail::with_inputs<Inputs, In...>([&](const auto&... x) { return module->forward(x...); },
+                                                                 detail::get_key<In>(td)...));
     }
   }
 
@@ -191,10 +235,10 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>> : public t
   Wrapped module;
 };
 
-template <class Wrapped, class In, class Out>
-class TensorDictModule : public torch::nn::ModuleHolder<TensorDictModuleImpl<Wrapped, In, Out>> {
+template <class Wrapped, class In, class Out, class Inputs = separate_inputs>
+class TensorDictModule : public torch::nn::ModuleHolder<TensorDictModuleImpl<Wrapped, In, Out, Inputs>> {
  public:
-  using Impl = TensorDictModuleImpl<Wrapped, In, Out>;
+  using Impl = TensorDictModuleImpl<Wrapped, In, Out, Inputs>;
   using torch::nn::ModuleHolder<Impl>::ModuleHolder;
   explicit TensorDictModule(Wrapped wrapped) : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(wrapped))) {}
   // module(td), as in Python (ModuleHolder's operator() cannot see a template forward).
@@ -206,28 +250,32 @@ class TensorDictModule : public torch::nn::ModuleHolder<TensorDictModuleImpl<Wra
 
 // ---- adapter: schema and functional form ------------------------------------------
 
-template <class Wrapped, class In, class Out>
-struct module_traits<TensorDictModuleImpl<Wrapped, In, Out>> {
-  using members = member_list<member<"module", member_pointer<&TensorDictModuleImpl<Wrapped, In, Out>::module>>>;
+template <class Wrapped, class In, class Out, class Inputs>
+struct module_traits<TensorDictModuleImpl<Wrapped, In, Out, Inputs>> {
+  using members = member_list<member<"module", member_pointer<&TensorDictModuleImpl<Wrapped, In, Out, Inputs>::module>>>;
 };
 
 // A TensorDictModule's forward with its wrapped module's functional form (or
 // its tensors swapped in, for a module type without one).
-template <class Wrapped, key... In, class Out>
-struct functional<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
+template <class Wrapped, key... In, class Out, class Inputs>
+struct functional<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out, Inputs>> {
   static constexpr bool is_functional = true;
-  using Impl = TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>;
+  using Impl = TensorDictModuleImpl<Wrapped, in_keys<In...>, Out, Inputs>;
   template <class S>
   static auto forward(Impl& m, const TensorDict<schema_of<Impl>>& p, const TensorDict<S>& td) {
     if constexpr (schema_of<Impl>::leaf_count == 0)
       return m.forward(td);
     else
-      return Impl::with_output(td, ::tensordict::functional_call(m.module, p.template get<"module">(), detail::get_key<In>(td)...));
+      return Impl::with_output(td, detail::with_inputs<Inputs, In...>(
+                                       [&](const auto&... x) {
+                                         return ::tensordict::functional_call(m.module, p.template get<"module">(), x...);
+                                       },
+                                       detail::get_key<In>(td)...));
   }
 };
 
-template <class Wrapped, class In, class Out>
-struct touches_module<TensorDictModuleImpl<Wrapped, In, Out>> : touches_module<impl_of_t<Wrapped>> {};
+template <class Wrapped, class In, class Out, class Inputs>
+struct touches_module<TensorDictModuleImpl<Wrapped, In, Out, Inputs>> : touches_module<impl_of_t<Wrapped>> {};
 
 namespace detail {
 // Whether an ensemble of this member keeps its copies in an AnyTensorDict: a
@@ -269,14 +317,22 @@ inline AnyTensorDict wrapped_params(const AnyTensorDict& p) { return p.get_tenso
 template <class Impl>
 struct ensemble_forward;
 
-template <class Wrapped, key... In, class Out>
-struct ensemble_forward<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>> {
-  using Impl = TensorDictModuleImpl<Wrapped, in_keys<In...>, Out>;
+template <class Wrapped, key... In, class Out, class Inputs>
+struct ensemble_forward<TensorDictModuleImpl<Wrapped, in_keys<In...>, Out, Inputs>> {
+  using Impl = TensorDictModuleImpl<Wrapped, in_keys<In...>, Out, Inputs>;
   template <class P, class S>
   static auto forward(Impl& m, const P& params, const TensorDict<S>& td, const functional_vmap_options& o,
                       c10::IntArrayRef shared_batch) {
     if constexpr (detail::tensor_free_member<Impl>()) {
       return m.forward(shared_batch.empty() ? td : td.expand(shared_batch));  // no tensors: the sets' dim is a batch dim
+    } else if constexpr (std::is_same_v<Inputs, cat_inputs>) {
+      // The joined tensor is mapped (td's batch dim 0 indexes the sets) or shared as td is: one input, named by the first key.
+      const auto p = detail::wrapped_params(params);
+      const at::Tensor x = detail::cat_in_keys<In...>({detail::get_key<In>(td)...});
+      constexpr auto first = std::get<0>(std::make_tuple(In...));
+      if (shared_batch.empty())
+        return Impl::with_output(td, functional_vmap(*m.module, p, {}, kwargs(kw<first>(x)), in_dims(in_dim_of<first>{0}), o));
+      return Impl::with_output(td.expand(shared_batch), functional_vmap(*m.module, p, args(x), {}, {}, o), shared_batch);
     } else {
       const auto p = detail::wrapped_params(params);
       if (shared_batch.empty())
@@ -459,17 +515,23 @@ class AnyTensorDictModuleBase : public torch::nn::Module {
 // tensors (1 to 4) and returns a tensor or a tuple of them (nested tuples
 // flattened: an LSTM's (output, (h, c)) fills three out keys); keys are key paths.
 //   tdn::AnyTensorDictModule m(torch::nn::Linear(4, 2), {{"agents", "observation"}}, {{"agents", "action"}});
+struct any_module_options {
+  // The in keys' tensors concatenated along their last dim into the module's one input (TensorDictModule's cat_inputs).
+  bool cat_inputs = false;
+};
+
 class AnyTensorDictModuleImpl : public AnyTensorDictModuleBase {
  public:
   // The module's forward on the in keys' tensors, its result's tensors in order.
   using caller = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
   AnyTensorDictModuleImpl(std::shared_ptr<torch::nn::Module> wrapped, caller call, std::vector<any_key_path> in,
-                          std::vector<any_key_path> out)
-      : AnyTensorDictModuleBase(std::move(in), std::move(out)), call_(std::move(call)) {
+                          std::vector<any_key_path> out, any_module_options options = {})
+      : AnyTensorDictModuleBase(std::move(in), std::move(out)), options_(options), call_(std::move(call)) {
     if (!wrapped) throw value_error("tensordict::nn::AnyTensorDictModule: the module is empty");
-    if (in_keys_.empty() || in_keys_.size() > 4)
-      throw value_error("tensordict::nn::AnyTensorDictModule: takes 1 to 4 in keys, got " + std::to_string(in_keys_.size()));
+    if (in_keys_.empty() || (in_keys_.size() > 4 && !options_.cat_inputs))
+      throw value_error("tensordict::nn::AnyTensorDictModule: takes 1 to 4 in keys (any number with cat_inputs), got " +
+                        std::to_string(in_keys_.size()));
     if (out_keys_.empty()) throw value_error("tensordict::nn::AnyTensorDictModule: name an out key for each tensor the module returns");
     module = register_module("module", std::move(wrapped));
   }
@@ -479,6 +541,11 @@ class AnyTensorDictModuleImpl : public AnyTensorDictModuleBase {
     check_in_keys(td, who);
     std::vector<at::Tensor> in;
     for (const auto& k : in_keys_) in.push_back(td.get(k));
+    if (options_.cat_inputs) {
+      std::vector<std::string> names;
+      for (const auto& k : in_keys_) names.push_back(to_string(k));
+      in = {detail::cat_last(in, names, who)};
+    }
     const auto parts = call_(in);
     if (parts.size() != out_keys_.size())
       throw value_error(who + ": the module returned " + std::to_string(parts.size()) + " tensors for " +
@@ -491,6 +558,7 @@ class AnyTensorDictModuleImpl : public AnyTensorDictModuleBase {
   std::shared_ptr<torch::nn::Module> module;
 
  private:
+  any_module_options options_;
   caller call_;
 };
 
@@ -531,9 +599,9 @@ class AnyTensorDictModule : public torch::nn::ModuleHolder<AnyTensorDictModuleIm
   // Any module holder (torch::nn::Linear, a torch::nn::Sequential, a user module).
   template <class Holder>
     requires requires(Holder h) { h.ptr(); }
-  AnyTensorDictModule(Holder wrapped, std::vector<any_key_path> in, std::vector<any_key_path> out)
+  AnyTensorDictModule(Holder wrapped, std::vector<any_key_path> in, std::vector<any_key_path> out, any_module_options options = {})
       : torch::nn::ModuleHolder<AnyTensorDictModuleImpl>(std::make_shared<AnyTensorDictModuleImpl>(
-            wrapped.ptr(), detail::forward_caller(wrapped), std::move(in), std::move(out))) {}
+            wrapped.ptr(), detail::forward_caller(wrapped), std::move(in), std::move(out), options)) {}
   AnyTensorDict operator()(const AnyTensorDict& td) const { return this->ptr()->forward(td); }
 };
 

@@ -186,6 +186,22 @@ class TensorDictParamsImpl : public torch::nn::Module {
 
   void register_get_post_hook(get_hook hook) { hooks_.push_back(std::move(hook)); }
 
+  // Python's params.lerp_(end, weight), without recording gradients: each leaf
+  // moved towards end's by weight in place (a target network's soft update,
+  // target->lerp_(*online, 1 - tau)), so the registry and an optimizer keep it.
+  TensorDictParamsImpl& lerp_(const TensorDict<S>& end, const at::Scalar& weight) {
+    const at::NoGradGuard no_grad;
+    td_.lerp_(end, weight);
+    return *this;
+  }
+  TensorDictParamsImpl& lerp_(const TensorDict<S>& end, const at::Tensor& weight) {
+    const at::NoGradGuard no_grad;
+    td_.lerp_(end, weight);
+    return *this;
+  }
+  TensorDictParamsImpl& lerp_(const TensorDictParamsImpl& end, const at::Scalar& weight) { return lerp_(end.td_, weight); }
+  TensorDictParamsImpl& lerp_(const TensorDictParamsImpl& end, const at::Tensor& weight) { return lerp_(end.td_, weight); }
+
   bool is_parameter(std::size_t i) const { return kind_of(i) == leaf_kind::parameter; }
 
   // Flat state-dict names ("0.weight") to tensors, in schema order.
@@ -288,12 +304,10 @@ class TensorDictParams : public torch::nn::ModuleHolder<TensorDictParamsImpl<S>>
  public:
   using torch::nn::ModuleHolder<TensorDictParamsImpl<S>>::ModuleHolder;
   using Impl = TensorDictParamsImpl<S>;
+  // TensorDictParams(td, {.no_convert = true}), S deduced: ModuleHolder's forwarding constructor cannot take a braced list.
+  explicit TensorDictParams(TensorDict<S> td, params_options options = {})
+      : torch::nn::ModuleHolder<Impl>(std::make_shared<Impl>(std::move(td), options)) {}
 };
-
-template <schema_type S>
-TensorDictParams<S> make_params(TensorDict<S> td, params_options options = {}) {
-  return TensorDictParams<S>(std::make_shared<TensorDictParamsImpl<S>>(std::move(td), options));
-}
 
 // The run-time form: a TensorDictParams over an AnyTensorDict (a model whose
 // structure is known at run time: from_module(seq, nn::as_module)). Its
@@ -313,6 +327,18 @@ class AnyTensorDictParamsImpl : public torch::nn::Module {
 
   // The wrapped AnyTensorDict itself (same storage).
   const AnyTensorDict& tensordict() const { return td_; }
+
+  // As TensorDictParamsImpl::lerp_: in place, without recording gradients.
+  AnyTensorDictParamsImpl& lerp_(const AnyTensorDict& end, const at::Scalar& weight) {
+    const at::NoGradGuard no_grad;
+    td_.lerp_(end, weight);
+    return *this;
+  }
+  AnyTensorDictParamsImpl& lerp_(const AnyTensorDict& end, const at::Tensor& weight) {
+    const at::NoGradGuard no_grad;
+    td_.lerp_(end, weight);
+    return *this;
+  }
 
   void pretty_print(std::ostream& stream) const override { stream << "TensorDictParams(params=" << td_.repr() << ")"; }
 

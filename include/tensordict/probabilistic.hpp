@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -72,12 +73,26 @@ class set_interaction_type {
   std::optional<interaction_type> previous_;
 };
 
-// A distribution's value for an interaction type.
-inline at::Tensor draw(const Distribution& dist, interaction_type type) {
+// A distribution's value for an interaction type. MEAN, where the mean has
+// no closed form (TanhNormal), is the mean of `empirical_samples` draws
+// (rsample where there is one), as Python's module estimates it
+// (n_empirical_estimate); where the mean is no value of the distribution (a
+// Categorical's NaN) it throws value_error.
+inline at::Tensor draw(const Distribution& dist, interaction_type type, std::int64_t empirical_samples = 1000) {
   switch (type) {
     case interaction_type::mode: return dist.mode();
     case interaction_type::median: return dist.median();
-    case interaction_type::mean: return dist.mean();
+    case interaction_type::mean: {
+      if (!dist.mean_is_a_value())
+        throw value_error("tensordict::nn: interaction_type::mean has no value for " + dist.repr() +
+                          ": its mean is no value it takes (a class index has none); use interaction_type::mode, "
+                          "deterministic or random");
+      try {
+        return dist.mean();
+      } catch (const value_error&) {  // no closed form
+        return (dist.has_rsample() ? dist.rsample({empirical_samples}) : dist.sample({empirical_samples})).mean(0);
+      }
+    }
     case interaction_type::random: return dist.has_rsample() ? dist.rsample() : dist.sample();
     default: return dist.deterministic_sample();
   }
@@ -174,9 +189,11 @@ namespace compile_error {
 template <class Dist, class InKeys, class Names>
 struct in_keys_are_not_the_distribution_parameters {
   static_assert(::tensordict::compile_error::always_false<Dist>,
-                "tensordict::nn::ProbabilisticTensorDictModule: the in keys must be the distribution's parameter "
-                "names, in any order (see 'distribution_parameters<Dist>::names' and '::alternative': Normal takes "
-                "loc and scale, Categorical logits or probs, Delta param). Name the in keys so.");
+                "tensordict::nn::ProbabilisticTensorDictModule: the in keys must name the distribution's "
+                "parameters, in any order (see 'distribution_parameters<Dist>::names' and '::alternative': Normal "
+                "takes loc and scale, Categorical logits or probs, Delta param): in_keys<\"loc\", nested_key<\"agents\", "
+                "\"scale\">> feeds each by its key's last part; param_keys<param<\"loc\", key>, ...> names the parameter "
+                "each key feeds (Python's dict in_keys).");
 };
 }  // namespace compile_error
 
@@ -220,21 +237,73 @@ constexpr auto keys_as_parameters() {
 }
 }  // namespace detail
 
+template <key Name, key Key>
+struct param;
+namespace detail {
+template <class T>
+struct is_param : std::false_type {};
+template <key Name, key Key>
+struct is_param<param<Name, Key>> : std::true_type {};
+}  // namespace detail
+
+// Python's dict in_keys, {"loc": ("agents", "robot", "mu")}: the distribution
+// parameter Name read from the key Key.
+//   tdn::ProbabilisticTensorDictModule<tdn::Normal, tdn::param_keys<tdn::param<"loc", nested_key<"agents", "mu">>,
+//                                                                  tdn::param<"scale", nested_key<"agents", "sigma">>>,
+//                                      tdn::out_keys<"action">>
+template <key Name, key Key>
+struct param {};
+template <class... Params>
+struct param_keys {
+  static_assert(sizeof...(Params) > 0 && (detail::is_param<Params>::value && ...),
+                "tensordict::nn::param_keys lists param<\"name\", key> entries: param_keys<param<\"loc\", "
+                "nested_key<\"agents\", \"mu\">>, ...>.");
+};
+
+namespace detail {
+// The parameter a key of a plain in-key list feeds: its last part, as Python maps a list of nested keys.
+template <key K>
+inline constexpr auto parameter_name_v = []<key... Parts>(key_path_t<Parts...>) {
+  return std::get<sizeof...(Parts) - 1>(std::tuple{Parts...});
+}(key_parts_t<K>{});
+
+template <class Dist, class Names, class In, class Out, class LogProb>
+class probabilistic_module;
+}  // namespace detail
+
 template <class Dist, class In, class Out, class LogProb = no_log_prob>
 class ProbabilisticTensorDictModuleImpl;
 
-template <class Dist, key... In, key... Out, key... LogProb>
-class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, log_prob_key<LogProb...>>
+// in_keys<...>: each key feeds the parameter its last part names ("loc" or ("agents", "loc")).
+template <class Dist, key... In, class Out, class LogProb>
+class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, Out, LogProb>
+    : public detail::probabilistic_module<Dist, in_keys<detail::parameter_name_v<In>...>, in_keys<In...>, Out, LogProb> {
+ public:
+  using detail::probabilistic_module<Dist, in_keys<detail::parameter_name_v<In>...>, in_keys<In...>, Out, LogProb>::probabilistic_module;
+};
+// param_keys<param<Name, Key>...>: Python's dict in_keys.
+template <class Dist, key... Name, key... Key, class Out, class LogProb>
+class ProbabilisticTensorDictModuleImpl<Dist, param_keys<param<Name, Key>...>, Out, LogProb>
+    : public detail::probabilistic_module<Dist, in_keys<Name...>, in_keys<Key...>, Out, LogProb> {
+ public:
+  using detail::probabilistic_module<Dist, in_keys<Name...>, in_keys<Key...>, Out, LogProb>::probabilistic_module;
+};
+
+namespace detail {
+// The module: Names are the distribution parameters that the keys In feed, in order.
+template <class Dist, key... Names, key... In, key... Out, key... LogProb>
+class probabilistic_module<Dist, in_keys<Names...>, in_keys<In...>, out_keys<Out...>, log_prob_key<LogProb...>>
     : public torch::nn::Module {
   static_assert(sizeof...(Out) == 1,
                 "tensordict::nn::ProbabilisticTensorDictModule: name one out key, for the distribution's value.");
   using traits = distribution_parameters<Dist>;
-  static constexpr auto wiring = detail::keys_as_parameters<traits, In...>();
+  static constexpr auto wiring = detail::keys_as_parameters<traits, Names...>();
   static constexpr bool keys_fit = !std::is_same_v<std::remove_cv_t<decltype(wiring)>, std::nullopt_t>;
   static constexpr bool check_wiring() {
     if constexpr (!keys_fit)
       ::tensordict::compile_error::report<
-          compile_error::in_keys_are_not_the_distribution_parameters<Dist, in_keys<In...>, decltype(traits::names)>>();
+          ::tensordict::nn::compile_error::in_keys_are_not_the_distribution_parameters<Dist, in_keys<Names...>,
+                                                                                       decltype(traits::names)>>();
     return true;
   }
   static_assert(check_wiring());  // reports wrong in keys where the module type is first used
@@ -252,9 +321,11 @@ class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, 
     typename traits::options distribution{};
     // Used when no set_interaction_type guard is live (Python 0.4's default).
     interaction_type default_interaction_type = interaction_type::mode;
+    // Draws that estimate a mean without closed form for interaction_type::mean (Python's n_empirical_estimate).
+    std::int64_t n_empirical_estimate = 1000;
   };
 
-  explicit ProbabilisticTensorDictModuleImpl(options_t options_ = {}) : options(std::move(options_)) {}
+  explicit probabilistic_module(options_t options_ = {}) : options(std::move(options_)) {}
 
   // The interaction type a call uses now.
   interaction_type interaction() const {
@@ -284,7 +355,7 @@ class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, 
   template <class S>
   TensorDict<output_schema<S>> forward(const TensorDict<S>& td) {
     const auto dist = get_dist(td);
-    const at::Tensor value = draw(dist, interaction());
+    const at::Tensor value = draw(dist, interaction(), options.n_empirical_estimate);
     auto result = detail::with_leaves_of<output_schema<S>>(td, td.batch_size());
     (detail::set_key<Out>(result, value), ...);
     if constexpr (sizeof...(LogProb) == 1) (detail::set_key<LogProb>(result, dist.log_prob(value)), ...);
@@ -304,6 +375,7 @@ class ProbabilisticTensorDictModuleImpl<Dist, in_keys<In...>, out_keys<Out...>, 
 
   options_t options;
 };
+}  // namespace detail
 
 template <class Dist, class In, class Out, class LogProb = no_log_prob>
 class ProbabilisticTensorDictModule
@@ -400,6 +472,8 @@ struct any_probabilistic_options {
   // Where the log-probability goes (Python's return_log_prob and log_prob_key); none when unset.
   std::optional<any_key_path> log_prob_key;
   interaction_type default_interaction_type = interaction_type::mode;
+  // Draws that estimate a mean without closed form for interaction_type::mean (Python's n_empirical_estimate).
+  std::int64_t n_empirical_estimate = 1000;
 };
 
 // ProbabilisticTensorDictModule at run time: each distribution parameter read
@@ -430,7 +504,7 @@ class AnyProbabilisticTensorDictModuleImpl : public AnyTensorDictModuleBase {
 
   AnyTensorDict forward(const AnyTensorDict& td) override {
     const auto dist = get_dist(td);
-    const at::Tensor value = draw(*dist, interaction());
+    const at::Tensor value = draw(*dist, interaction(), options.n_empirical_estimate);
     AnyTensorDict result = td.exclude({});
     result.set(out_keys_[0], value);
     if (options.log_prob_key) result.set(*options.log_prob_key, dist->log_prob(value));

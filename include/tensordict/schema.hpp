@@ -277,6 +277,20 @@ struct schema {
 
 namespace detail {
 
+// The keys at the level where the key path Path (a key_path_t) stops matching
+// S: a typo in ("agent", "actoin") lists the keys under "agent", not the top level's.
+template <class S, class Path>
+struct keys_where_path_fails {
+  using type = typename S::keys;
+};
+template <class... Fields, key K, key Next, key... Rest>
+  requires(schema<Fields...>::find(K.view()) != npos)
+struct keys_where_path_fails<schema<Fields...>, key_path_t<K, Next, Rest...>> {
+  using child = typename schema<Fields...>::template field_at<schema<Fields...>::find(K.view())>::type;
+  using type = typename std::conditional_t<is_schema<child>::value, keys_where_path_fails<child, key_path_t<Next, Rest...>>,
+                                           keys_where_path_fails<schema<Fields...>, key_path_t<>>>::type;
+};
+
 // ---- key path resolution -------------------------------------------------
 
 template <class S, key... Path>

@@ -35,6 +35,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
 
+#include "composite_distribution.hpp"
 #include "modules/sequential.hpp"
 
 namespace tensordict::nn {
@@ -318,7 +319,8 @@ class TensorDictSequentialImpl : public torch::nn::Module {
   static constexpr void report_one(bool& reported) {
     if constexpr (!detail::has_key_v<S, K>) {
       if (!reported)
-        ::tensordict::compile_error::report<compile_error::sequence_module_reads_unwritten_key<I, key_parts_t<K>, typename S::keys>>();
+        ::tensordict::compile_error::report<compile_error::sequence_module_reads_unwritten_key<
+            I, key_parts_t<K>, typename ::tensordict::detail::keys_where_path_fails<S, key_parts_t<K>>::type>>();
       reported = true;
     }
   }
@@ -617,11 +619,32 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
   // ProbabilisticTensorDictSequential.get_dist, the distribution that module
   // builds from what the modules before it make of td.
   std::shared_ptr<const Distribution> get_dist(const AnyTensorDict& td) {
+    if (ends_in_composite())
+      throw value_error("tensordict::nn::AnyTensorDictSequential.get_dist: the last module is a "
+                        "CompositeProbabilisticTensorDictModule, whose distribution is a CompositeDistribution; call "
+                        "get_composite_dist(td)");
     return with_last_module(td, [](auto& last, const AnyTensorDict& in) { return last.get_dist(in); });
   }
-  // The log-probability of the value td holds at the last module's out key.
+  // The same where the last module is a CompositeProbabilisticTensorDictModule (or a sequence ending in one).
+  CompositeDistribution get_composite_dist(const AnyTensorDict& td) {
+    const AnyTensorDict in = before_last(td);
+    if (auto* composite = dynamic_cast<CompositeProbabilisticTensorDictModuleImpl*>(modules_.back().get())) return composite->get_dist(in);
+    if (auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get()); sequence && sequence->ends_in_composite())
+      return sequence->get_composite_dist(in);
+    throw value_error("tensordict::nn::AnyTensorDictSequential.get_composite_dist: module " + std::to_string(modules_.size() - 1) +
+                      " (" + modules_.back()->name() + ") is no CompositeProbabilisticTensorDictModule; call get_dist(td)");
+  }
+  // The log-probability of the value td holds at the last module's out key; for a composite last
+  // module, its "sample_log_prob" (the heads' summed), as Python's.
   at::Tensor log_prob(const AnyTensorDict& td) {
+    if (ends_in_composite()) return get_composite_dist(td).log_prob(td).get("sample_log_prob");
     return with_last_module(td, [](auto& last, const AnyTensorDict& in) { return last.log_prob(in); });
+  }
+  // Whether the last module is a CompositeProbabilisticTensorDictModule, or a sequence ending in one.
+  bool ends_in_composite() const {
+    if (dynamic_cast<CompositeProbabilisticTensorDictModuleImpl*>(modules_.back().get())) return true;
+    auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get());
+    return sequence && sequence->ends_in_composite();
   }
 
   // Python's select_subsequence (the sequence's own keys where not given); the modules are shared.
@@ -656,11 +679,19 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
     module = register_module("module", torch::nn::ModuleList());
     for (const auto& m : modules_) module->push_back(m);
   }
+  // Whether k can be read given the keys written so far: one of them, or a sub-TensorDict above one.
+  static bool readable_in(const std::vector<any_key_path>& readable, const any_key_path& k) {
+    return std::any_of(readable.begin(), readable.end(), [&](const any_key_path& r) {
+      return r.size() >= k.size() && std::equal(k.begin(), k.end(), r.begin());
+    });
+  }
+  // The input's leaves and sub-TensorDicts (a module may read a sub-TensorDict: a composite head's "params"),
+  // then each module's out keys.
   void check_wiring(const AnyTensorDict& td) const {
-    std::vector<any_key_path> readable = td.keys(true, true);
+    std::vector<any_key_path> readable = td.keys(true, false);
     for (std::size_t i = 0; i < modules_.size(); ++i) {
       for (const auto& k : modules_[i]->in_keys())
-        if (!has(readable, k))
+        if (!readable_in(readable, k))
           throw key_error("tensordict::nn::AnyTensorDictSequential: module " + std::to_string(i) + " reads " + to_string(k) +
                           ", which neither the input nor an earlier module writes (readable there: " +
                           detail::listed_paths(readable) + ")");
@@ -678,10 +709,15 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
       throw value_error("tensordict::nn::AnyTensorDictSequential: get_dist and log_prob need a probabilistic last module "
                         "(an AnyProbabilisticTensorDictModule, or a sequence ending in one); module " +
                         std::to_string(modules_.size() - 1) + " is a " + modules_.back()->name());
+    const AnyTensorDict out = before_last(td);
+    return probabilistic ? f(*probabilistic, out) : f(*sequence, out);
+  }
+  // What the modules before the last make of td (the wiring checked first).
+  AnyTensorDict before_last(const AnyTensorDict& td) const {
     check_wiring(td);
     AnyTensorDict out = td;
     for (std::size_t i = 0; i + 1 < modules_.size(); ++i) out = modules_[i]->forward(out);
-    return probabilistic ? f(*probabilistic, out) : f(*sequence, out);
+    return out;
   }
 
   std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules_;
@@ -764,16 +800,30 @@ ErasedTensorDictModule<Holder> as_any_module(Holder typed) {
 // A run-time key-wired module (AnyTensorDictModule, AnyProbabilisticTensorDictModule,
 // AnyTensorDictSequential, ...) as a typed one with the given keys, to be placed
 // in a TensorDictSequential: its keys are checked against the module's when it
-// is made (value_error naming both lists), and its output against the output
-// schema at each call (to_typed's errors). The module is shared, registered as
+// is made (value_error naming both lists: the typed out keys must list every
+// out key, and may name more that it writes), and its output against the output
+// schema at each call (to_typed's errors; other keys it writes are left out). The module is shared, registered as
 // "module" (its tensors are named at run time, so a typed sequence holding one
 // has no from_module / functional_call; the run-time sequence has).
 //   auto head = tdn::as_typed_module<tdn::in_keys<"loc", "scale">, tdn::out_keys<"action">>(any_head);
-template <class In, class Out>
+template <class In, class Out, class Wrapped = AnyTensorDictModuleBase>
 class TypedTensorDictModuleImpl;
 
-template <key... In, key... Out>
-class TypedTensorDictModuleImpl<in_keys<In...>, out_keys<Out...>> : public torch::nn::Module {
+namespace detail {
+// A typed wrapper of a composite head ends a (Probabilistic)TensorDictSequential: its dist_type.
+template <class Wrapped>
+struct typed_wrapper_distribution {};
+template <>
+struct typed_wrapper_distribution<CompositeProbabilisticTensorDictModuleImpl> {
+  using dist_type = CompositeDistribution;
+};
+}  // namespace detail
+
+template <key... In, key... Out, class Wrapped>
+class TypedTensorDictModuleImpl<in_keys<In...>, out_keys<Out...>, Wrapped> : public torch::nn::Module,
+                                                                             public detail::typed_wrapper_distribution<Wrapped> {
+  static constexpr bool composite = std::is_same_v<Wrapped, CompositeProbabilisticTensorDictModuleImpl>;
+
  public:
   using in_keys_t = in_keys<In...>;
   using out_keys_t = out_keys<Out...>;
@@ -783,7 +833,11 @@ class TypedTensorDictModuleImpl<in_keys<In...>, out_keys<Out...>> : public torch
   explicit TypedTensorDictModuleImpl(std::shared_ptr<AnyTensorDictModuleBase> any) {
     if (!any) throw value_error("tensordict::nn::as_typed_module: the module is empty");
     const auto in = detail::key_paths(in_keys_t{}), out = detail::key_paths(out_keys_t{});
-    if (any->in_keys() != in || any->out_keys() != out)
+    // The typed out keys may name more than out_keys() lists (a composite head's per-head log-probabilities).
+    const bool lists_every_out_key = std::all_of(any->out_keys().begin(), any->out_keys().end(), [&](const any_key_path& k) {
+      return std::find(out.begin(), out.end(), k) != out.end();
+    });
+    if (any->in_keys() != in || !lists_every_out_key)
       throw value_error("tensordict::nn::as_typed_module: the module reads " + detail::listed_paths(any->in_keys()) +
                         " and writes " + detail::listed_paths(any->out_keys()) + "; the typed keys say it reads " +
                         detail::listed_paths(in) + " and writes " + detail::listed_paths(out));
@@ -805,17 +859,31 @@ class TypedTensorDictModuleImpl<in_keys<In...>, out_keys<Out...>> : public torch
       check_in_keys<S>();
       return {};
     } else {
-      return module->forward(AnyTensorDict(td)).template to_typed<output_schema<S>>();
+      // Keys beyond the typed ones (written but not declared) are left out.
+      return module->forward(AnyTensorDict(td)).template to_typed<output_schema<S>>({.ignore_extra = true});
     }
+  }
+
+  // A composite head's distribution, and the "sample_log_prob" of the values td holds (Python's get_dist
+  // and log_prob): so a sequence ending in it has get_dist and log_prob.
+  template <class S>
+    requires composite
+  CompositeDistribution get_dist(const TensorDict<S>& td) const {
+    return static_cast<const CompositeProbabilisticTensorDictModuleImpl&>(*module).get_dist(AnyTensorDict(td));
+  }
+  template <class S>
+    requires composite
+  at::Tensor log_prob(const TensorDict<S>& td) const {
+    return get_dist(td).log_prob(AnyTensorDict(td)).get("sample_log_prob");
   }
 
   std::shared_ptr<AnyTensorDictModuleBase> module;
 };
 
-template <class In, class Out>
-class TypedTensorDictModule : public torch::nn::ModuleHolder<TypedTensorDictModuleImpl<In, Out>> {
+template <class In, class Out, class Wrapped = AnyTensorDictModuleBase>
+class TypedTensorDictModule : public torch::nn::ModuleHolder<TypedTensorDictModuleImpl<In, Out, Wrapped>> {
  public:
-  using Impl = TypedTensorDictModuleImpl<In, Out>;
+  using Impl = TypedTensorDictModuleImpl<In, Out, Wrapped>;
   using torch::nn::ModuleHolder<Impl>::ModuleHolder;
   template <class S>
   auto operator()(const TensorDict<S>& td) const {
@@ -825,8 +893,9 @@ class TypedTensorDictModule : public torch::nn::ModuleHolder<TypedTensorDictModu
 
 template <class In, class Out, class AnyHolder>
   requires std::is_base_of_v<AnyTensorDictModuleBase, typename AnyHolder::ContainedType>
-TypedTensorDictModule<In, Out> as_typed_module(AnyHolder any) {
-  return TypedTensorDictModule<In, Out>(std::make_shared<TypedTensorDictModuleImpl<In, Out>>(any.ptr()));
+TypedTensorDictModule<In, Out, typename AnyHolder::ContainedType> as_typed_module(AnyHolder any) {
+  using Wrapped = typename AnyHolder::ContainedType;
+  return TypedTensorDictModule<In, Out, Wrapped>(std::make_shared<TypedTensorDictModuleImpl<In, Out, Wrapped>>(any.ptr()));
 }
 
 inline AnyTensorDictSequential AnyTensorDictSequentialImpl::select_subsequence(std::optional<std::vector<any_key_path>> in,

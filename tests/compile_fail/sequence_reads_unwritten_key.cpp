@@ -1,5 +1,6 @@
-// A TensorDictSequential whose second module reads a (nested) key that nothing before it writes.
-// expect: sequence_module_reads_unwritten_key<1, tensordict::key_path_t<tensordict::key<6>{"agents"}, tensordict::key<6>{"latent"}>, tensordict::compile_error::available_keys<tensordict::key<3>{"obs"}, tensordict::key<6>{"agents"}> >
+// A TensorDictSequential whose second module reads a (nested) key that nothing before it writes: the message
+// lists the keys under "agents", where the key path stops matching.
+// expect: sequence_module_reads_unwritten_key<1, tensordict::key_path_t<tensordict::key<6>{"agents"}, tensordict::key<6>{"latent"}>, tensordict::compile_error::available_keys<tensordict::key<6>{"hidden"}> >
 // expect: a module reads a key that neither the input nor an earlier module writes
 #include <tensordict/tensordict_sequential.hpp>
 
