@@ -28,14 +28,18 @@ case $how in
   meson_subproject)
     # The README's steps: the wrap file in subprojects/, the checkout where it
     # names its directory (as `meson subprojects download` leaves it; here a
-    # link to this checkout, so nothing is fetched), dependency('tensordict').
+    # link to this checkout, so nothing is fetched), dependency('tensordict'),
+    # and a release build (Meson's default, debug, compiles at -O0).
     mkdir -p "$work/app/subprojects"
     cp "$here/meson/meson.build" "$here/main.cpp" "$work/app/"
     cp "$here/meson/tensordict.wrap" "$work/app/subprojects/"
     ln -s "$src" "$work/app/subprojects/tensordict"
     subproject_option=""
     if [ -n "$torch_option" ]; then subproject_option="-Dtensordict:torch_dir=$TORCH_DIR"; fi
-    meson setup "$work/build" "$work/app" $subproject_option
+    meson setup "$work/build" "$work/app" --buildtype=release $subproject_option
+    # The recipe's build type reaches the consumer's compile command (Meson's default compiles at -O0).
+    grep -q -- '-O3' "$work/build/compile_commands.json" ||
+      { echo "consume: the consumer is not compiled at -O3 (--buildtype=release)"; exit 1; }
     meson compile -C "$work/build"
     "$work/build/consumer"
     ;;
