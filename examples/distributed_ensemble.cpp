@@ -18,7 +18,7 @@
 #include <torch/optim/adam.h>
 
 #include <tensordict/distributed.hpp>
-#include <tensordict/functional_vmap.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
 
 namespace td = tensordict;
 namespace dist = tensordict::distributed;

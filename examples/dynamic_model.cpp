@@ -17,8 +17,8 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/utils.h>
 
-#include <tensordict/functional_vmap.hpp>
-#include <tensordict/files.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
+#include <tensordict/files/torch_save.hpp>
 
 namespace td = tensordict;
 

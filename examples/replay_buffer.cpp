@@ -32,8 +32,8 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
-#include <tensordict/files.hpp>
-#include <tensordict/memmap.hpp>
+#include <tensordict/files/torch_save.hpp>
+#include <tensordict/files/memmap.hpp>
 #include <tensordict/preallocate.hpp>
 
 namespace td = tensordict;

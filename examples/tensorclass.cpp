@@ -12,7 +12,7 @@
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
-#include <tensordict/safetensors.hpp>
+#include <tensordict/files/safetensors.hpp>
 #include <tensordict/tensorclass.hpp>
 
 namespace td = tensordict;

@@ -27,7 +27,7 @@
 #include <torch/optim/adam.h>
 
 #include <tensordict/distributed.hpp>
-#include <tensordict/functional_vmap.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
 
 using namespace tensordict;
 using test::impl;

@@ -25,12 +25,12 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
-#include <tensordict/distributions.hpp>
-#include <tensordict/files.hpp>
+#include <tensordict/nn/distributions.hpp>
+#include <tensordict/files/torch_save.hpp>
 #include <tensordict/from_module.hpp>
 #include <tensordict/functional_call.hpp>
-#include <tensordict/memmap.hpp>
-#include <tensordict/modules/builtin.hpp>
+#include <tensordict/files/memmap.hpp>
+#include <tensordict/nn/adapters/builtin.hpp>
 #include <tensordict/to_module.hpp>
 
 using namespace tensordict;

@@ -24,9 +24,9 @@
 #include <torch/nn/modules/transformer.h>
 #include <torch/nn/modules/transformercoder.h>
 
-#include <tensordict/functional_vmap.hpp>
-#include <tensordict/reset_parameters.hpp>
-#include <tensordict/files.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
+#include <tensordict/nn/reset_parameters.hpp>
+#include <tensordict/files/torch_save.hpp>
 
 using namespace tensordict;
 using test::impl;

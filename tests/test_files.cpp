@@ -20,10 +20,10 @@
 #include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
 
-#include <tensordict/files.hpp>
+#include <tensordict/files/torch_save.hpp>
 #include <tensordict/functional.hpp>
-#include <tensordict/memmap.hpp>
-#include <tensordict/safetensors.hpp>
+#include <tensordict/files/memmap.hpp>
+#include <tensordict/files/safetensors.hpp>
 
 using namespace tensordict;
 using test::Contains;

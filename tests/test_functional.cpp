@@ -10,8 +10,8 @@
 #include <ATen/ops/zeros.h>
 
 #include <tensordict/functional.hpp>
-#include <tensordict/functional_vmap.hpp>
-#include <tensordict/reset_parameters.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
+#include <tensordict/nn/reset_parameters.hpp>
 
 using namespace tensordict;
 using test::impl;

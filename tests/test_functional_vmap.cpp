@@ -21,8 +21,10 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/threshold_backward.h>
 
-#include <tensordict/detail/batched_gemm.hpp>
-#include <tensordict/functional_vmap.hpp>
+#include <tensordict/detail/core_cache.hpp>
+#include <tensordict/nn/adapters/builtin.hpp>  // every family: the suite uses them all
+#include <tensordict/detail/kernels/batched_gemm.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
 
 #include <torch/csrc/autograd/forward_grad.h>
 
@@ -866,7 +868,7 @@ TEST_CASE("sets in parallel tasks equal one task: values and gradients, typed an
     dynamic.emplace_back(torch::nn::Conv1d(torch::nn::Conv1dOptions(2, 4, 3)), torch::nn::Tanh(), torch::nn::Flatten(),
                          Linear(4 * 6, 2));
   const AnyTensorDict dynamic_params = from_modules(dynamic);
-  // Convolutions run one task (oneDNN's are not safe to run at once: functional_vmap.hpp).
+  // Convolutions run one task (oneDNN's are not safe to run at once: nn/functional_vmap.hpp).
   check_tasks_equal_one_task(
       dynamic_params, at::randn({3, 2, 8}),
       [&](const auto& p, const at::Tensor& x, auto options) {

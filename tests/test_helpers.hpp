@@ -14,6 +14,8 @@
 #include <ATen/ops/allclose.h>
 
 #include <tensordict/detail/format.hpp>
+// Every module family (in the default build a TU includes the families it uses): the suite uses them all.
+#include <tensordict/nn/adapters/builtin.hpp>
 
 #include "catch_torch.hpp"
 

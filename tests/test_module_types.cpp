@@ -30,8 +30,10 @@
 #include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
 
-#include <tensordict/functional_vmap.hpp>
-#include <tensordict/module_registry.hpp>
+#include <tensordict/detail/core_cache.hpp>
+#include <tensordict/nn/adapters/builtin.hpp>  // every family: the suite uses them all
+#include <tensordict/nn/functional_vmap.hpp>
+#include <tensordict/nn/module_registry.hpp>
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;

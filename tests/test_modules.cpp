@@ -9,8 +9,8 @@
 #include <torch/optim/adam.h>
 
 #include <tensordict/functional.hpp>
-#include <tensordict/modules.hpp>
-#include <tensordict/modules/builtin.hpp>
+#include <tensordict/nn/tensordict_module.hpp>
+#include <tensordict/nn/adapters/builtin.hpp>
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;

@@ -7,8 +7,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/optim/sgd.h>
 
-#include <tensordict/functional_vmap.hpp>
-#include <tensordict/params.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
+#include <tensordict/nn/params.hpp>
 
 using namespace tensordict;
 using test::impl;

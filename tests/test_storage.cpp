@@ -24,10 +24,10 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 
-#include <tensordict/files.hpp>
-#include <tensordict/memmap.hpp>
+#include <tensordict/files/torch_save.hpp>
+#include <tensordict/files/memmap.hpp>
 #include <tensordict/preallocate.hpp>
-#include <tensordict/safetensors.hpp>
+#include <tensordict/files/safetensors.hpp>
 
 // The exception's type, then its message (a failed write changes nothing, so the call can run twice).
 #define CHECK_THROWS_TYPED(expr, type, matcher) \

@@ -15,7 +15,7 @@
 #include <tensordict/any_tensordict.hpp>
 #include <tensordict/dict.hpp>
 #include <tensordict/lazy_stack.hpp>
-#include <tensordict/safetensors.hpp>
+#include <tensordict/files/safetensors.hpp>
 #include <tensordict/tensorclass.hpp>
 #include <tensordict/typed_tensordict.hpp>
 

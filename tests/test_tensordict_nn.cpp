@@ -23,13 +23,13 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 
-#include <tensordict/composite_distribution.hpp>
-#include <tensordict/files.hpp>
+#include <tensordict/nn/composite_distribution.hpp>
+#include <tensordict/files/torch_save.hpp>
 #include <tensordict/functional_call.hpp>
-#include <tensordict/memmap.hpp>
-#include <tensordict/modules/distribution_params.hpp>
-#include <tensordict/probabilistic.hpp>
-#include <tensordict/tensordict_sequential.hpp>
+#include <tensordict/files/memmap.hpp>
+#include <tensordict/nn/distribution_params.hpp>
+#include <tensordict/nn/probabilistic.hpp>
+#include <tensordict/nn/tensordict_sequential.hpp>
 #include <tensordict/to_module.hpp>
 
 using namespace tensordict;

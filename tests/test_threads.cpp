@@ -15,10 +15,10 @@
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
 
-#include <tensordict/files.hpp>
+#include <tensordict/files/torch_save.hpp>
 #include <tensordict/functional.hpp>
-#include <tensordict/memmap.hpp>
-#include <tensordict/safetensors.hpp>
+#include <tensordict/files/memmap.hpp>
+#include <tensordict/files/safetensors.hpp>
 #include <tensordict/vmap.hpp>
 
 using namespace tensordict;

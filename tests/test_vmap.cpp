@@ -12,6 +12,7 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/stack.h>
 
+#include <tensordict/nn/adapters/builtin.hpp>  // every family: the suite uses them all
 #include <tensordict/functional.hpp>
 #include <tensordict/vmap.hpp>
 

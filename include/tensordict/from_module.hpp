@@ -7,7 +7,7 @@
 #pragma once
 
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
-#include "module_registry.hpp"  // (with every module family where it is header-only)
+#include "nn/module_registry.hpp"  // (with every module family where it is header-only)
 
 #include <array>
 #include <cstddef>

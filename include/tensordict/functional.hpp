@@ -4,7 +4,7 @@
 //   to_module.hpp        swapped in for a scope (and to_module_)
 //   from_modules.hpp     N modules stacked
 //   functional_call.hpp  the forward with other tensors
-// (functional_vmap.hpp calls a module once per stacked set.)
+// (nn/functional_vmap.hpp calls a module once per stacked set.)
 #pragma once
 
 #include "from_module.hpp"

@@ -8,7 +8,7 @@
 #pragma once
 
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
-#include "module_registry.hpp"
+#include "nn/module_registry.hpp"
 
 #include <mutex>
 #include <string>

@@ -28,7 +28,7 @@
 #include "detail/module_access.hpp"
 #include "detail/module_slots.hpp"
 #include "errors.hpp"
-#include "module_registry.hpp"
+#include "nn/module_registry.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict {
@@ -182,7 +182,7 @@ struct dynamic_target {
 };
 
 // Whether a module on the way from root to `owner` is a TensorDictParams
-// (by type name: this header does not know params.hpp).
+// (by type name: this header does not know nn/params.hpp).
 inline bool held_by_tensordict_params(torch::nn::Module& root, const any_key_path& owner) {
   torch::nn::Module* m = &root;
   for (std::size_t k = 0;; ++k) {

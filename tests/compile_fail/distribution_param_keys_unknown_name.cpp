@@ -1,7 +1,7 @@
 // Python's dict in_keys (param_keys) naming a parameter the distribution does not have.
 // expect: in_keys_are_not_the_distribution_parameters<tensordict::nn::Normal, tensordict::nn::in_keys<tensordict::key<3>{"loc"}, tensordict::key<5>{"sigma"}>
 // expect: the in keys must name the distribution's parameters
-#include <tensordict/probabilistic.hpp>
+#include <tensordict/nn/probabilistic.hpp>
 
 namespace tdn = tensordict::nn;
 using tensordict::nested_key;

@@ -1,7 +1,7 @@
 // A probabilistic module whose in keys are not its distribution's parameters.
 // expect: in_keys_are_not_the_distribution_parameters<tensordict::nn::Normal, tensordict::nn::in_keys<tensordict::key<3>{"loc"}, tensordict::key<3>{"std"}>
 // expect: the in keys must name the distribution's parameters
-#include <tensordict/probabilistic.hpp>
+#include <tensordict/nn/probabilistic.hpp>
 
 namespace tdn = tensordict::nn;
 #ifdef TENSORDICT_COMPILE_FAIL

@@ -1,7 +1,7 @@
 // functional_vmap with an in_dims key that is not a kwarg (the reference's KeyError).
 // expect: in_dims_names_no_kwarg<tensordict::key<5>{"image"}
 // expect: in_dims names an input
-#include <tensordict/functional_vmap.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
 
 namespace tdn = tensordict::nn;
 

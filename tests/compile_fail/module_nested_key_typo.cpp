@@ -2,7 +2,7 @@
 // path stops matching (it listed the top level's).
 // expect: tensordict_lacks_in_key<tensordict::key_path_t<tensordict::key<5>{"agent"}, tensordict::key<6>{"actoin"}>, tensordict::compile_error::available_keys<tensordict::key<6>{"action"}, tensordict::key<3>{"obs"}> >
 // expect: the keys at the level where the key path stops matching
-#include <tensordict/modules.hpp>
+#include <tensordict/nn/tensordict_module.hpp>
 
 namespace tdn = tensordict::nn;
 using tensordict::nested_key;

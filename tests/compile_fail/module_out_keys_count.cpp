@@ -1,6 +1,6 @@
 // A TensorDictModule whose out keys do not match the tensors its module returns.
 // expect: the number of out keys differs from the number of tensors that the module returns
-#include <tensordict/modules.hpp>
+#include <tensordict/nn/tensordict_module.hpp>
 
 namespace tdn = tensordict::nn;
 #ifdef TENSORDICT_COMPILE_FAIL

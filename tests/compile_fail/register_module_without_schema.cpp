@@ -1,6 +1,6 @@
 // Registering a user module type whose members were never named: its tensors could not be swapped.
 // expect: register_module_type<Impl>(): Impl (named above in 'registered_type_without_schema<...>') has no schema
-#include <tensordict/module_registry.hpp>
+#include <tensordict/nn/module_registry.hpp>
 
 struct ScaleImpl : torch::nn::Module {
   at::Tensor scale;

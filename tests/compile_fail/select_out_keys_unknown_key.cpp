@@ -1,7 +1,7 @@
 // select_out_keys asked for a key that no module of the sequence writes.
 // expect: selected_key_is_not_an_out_key<tensordict::key<3>{"obs"}
 // expect: a key that no module of the sequence writes
-#include <tensordict/tensordict_sequential.hpp>
+#include <tensordict/nn/tensordict_sequential.hpp>
 
 namespace tdn = tensordict::nn;
 using encoder_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"obs">, tdn::out_keys<"hidden">>;

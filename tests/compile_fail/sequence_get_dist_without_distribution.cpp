@@ -1,6 +1,6 @@
 // get_dist on a sequence whose last module builds no distribution.
 // expect: get_dist and log_prob need a probabilistic last module
-#include <tensordict/tensordict_sequential.hpp>
+#include <tensordict/nn/tensordict_sequential.hpp>
 
 namespace tdn = tensordict::nn;
 using net_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"obs">, tdn::out_keys<"logits">>;

@@ -2,7 +2,7 @@
 // lists the keys under "agents", where the key path stops matching.
 // expect: sequence_module_reads_unwritten_key<1, tensordict::key_path_t<tensordict::key<6>{"agents"}, tensordict::key<6>{"latent"}>, tensordict::compile_error::available_keys<tensordict::key<6>{"hidden"}> >
 // expect: a module reads a key that neither the input nor an earlier module writes
-#include <tensordict/tensordict_sequential.hpp>
+#include <tensordict/nn/tensordict_sequential.hpp>
 
 namespace tdn = tensordict::nn;
 using tensordict::nested_key;

@@ -1,7 +1,7 @@
 // select_subsequence asked for a key that no module of the sequence reads or writes.
 // expect: subsequence_key_unknown<tensordict::key<5>{"valeu"}
 // expect: a key that no module of the sequence reads or writes
-#include <tensordict/tensordict_sequential.hpp>
+#include <tensordict/nn/tensordict_sequential.hpp>
 
 namespace tdn = tensordict::nn;
 using encoder_t = tdn::TensorDictModule<torch::nn::Linear, tdn::in_keys<"obs">, tdn::out_keys<"hidden">>;

@@ -1,23 +1,30 @@
 #!/bin/sh
-# Builds and runs tests/consume/main.cpp the way an outside project would:
+# Builds and runs tests/consume/main.cpp the way an outside project would, each
+# way twice: linking libtensordict (the default) and header-only
+# (-DTENSORDICT_HEADER_ONLY through tensordict-header-only / tensordict::header_only):
 #   run.sh meson_subproject|pkg_config|cmake|all SOURCE_ROOT CONSUME_DIR
-# (all: the three in turn). TORCH_DIR, when set, is passed on as the torch_dir option.
+# (all: the three in turn, pkg_config and cmake from one installed prefix).
+# TORCH_DIR, when set, is passed on as the torch_dir option.
 set -eu
 how=$1 src=$2 here=$3
+work=${CONSUME_WORK:-}
+if [ -z "$work" ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
 if [ "$how" = all ]; then
   for way in meson_subproject pkg_config cmake; do
     echo "== consume: $way"
-    sh "$0" "$way" "$src" "$here"
+    CONSUME_WORK="$work" sh "$0" "$way" "$src" "$here"
   done
   exit 0
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
 torch_option=""
 if [ -n "${TORCH_DIR:-}" ]; then torch_option="-Dtorch_dir=$TORCH_DIR"; fi
 
 install_library() {
+  [ -d "$work/prefix" ] && return 0
   meson setup "$work/library" "$src" --prefix "$work/prefix" \
     -Dtests=false -Dexamples=false -Dbenchmarks=false $torch_option >"$work/setup.log" 2>&1 ||
     { cat "$work/setup.log"; exit 1; }
@@ -42,22 +49,26 @@ case $how in
       { echo "consume: the consumer is not compiled at -O3 (--buildtype=release)"; exit 1; }
     meson compile -C "$work/build"
     "$work/build/consumer"
+    "$work/build/consumer_header_only"
     ;;
   pkg_config)
     install_library
     PKG_CONFIG_PATH=$(dirname "$(find "$work/prefix" -name tensordict.pc)")
     export PKG_CONFIG_PATH
-    echo "pkg-config --cflags --libs tensordict: $(pkg-config --cflags --libs tensordict)"
-    # shellcheck disable=SC2046
-    c++ -O1 "$here/main.cpp" -o "$work/consumer" $(pkg-config --cflags --libs tensordict)
-    "$work/consumer"
+    for package in tensordict tensordict-header-only; do
+      echo "pkg-config --cflags --libs $package: $(pkg-config --cflags --libs $package)"
+      # shellcheck disable=SC2046
+      c++ -O1 "$here/main.cpp" -o "$work/consumer-$package" $(pkg-config --cflags --libs $package)
+      "$work/consumer-$package"
+    done
     ;;
   cmake)
     install_library
-    cmake -S "$here/cmake" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCONSUMER_MAIN="$here/main.cpp" \
+    cmake -S "$here/cmake" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCONSUMER_MAIN="$here/main.cpp" \
       -DCMAKE_BUILD_TYPE=Release
-    cmake --build "$work/build"
-    "$work/build/consumer"
+    cmake --build "$work/cmake-build"
+    "$work/cmake-build/consumer"
+    "$work/cmake-build/consumer_header_only"
     ;;
   *)
     echo "unknown way to consume: $how" >&2

@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include <tensordict/detail/memmap_format.hpp>
-#include <tensordict/detail/safetensors_format.hpp>
-#include <tensordict/detail/torch_archive.hpp>
+#include <tensordict/files/detail/memmap_format.hpp>
+#include <tensordict/files/detail/safetensors_format.hpp>
+#include <tensordict/files/detail/torch_archive.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace archive = tensordict::detail::archive;

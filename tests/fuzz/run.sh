@@ -15,7 +15,7 @@ target="$build/fuzz/fuzz_load"
 # object by the checkout's folder too.)
 launcher=""
 if command -v ccache >/dev/null; then launcher="env CCACHE_NOHASHDIR=1 CCACHE_BASEDIR=$root ccache"; fi
-flags="-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
+flags="-std=c++20 -DTENSORDICT_HEADER_ONLY -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
 # shellcheck disable=SC2086
 if ! { $launcher "$clang" $flags -I"$root/include" -c "$root/tests/fuzz/fuzz_load.cpp" -o "$target.o" &&
     "$clang" $flags "$target.o" -o "$target"; } 2>"$build/fuzz/build.log"; then

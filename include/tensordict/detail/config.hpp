@@ -1,23 +1,30 @@
-// Separate compilation. By default the library is header-only: every
-// function is defined in the headers, and every translation unit that calls
-// one compiles it (at -O3 the lowered ensemble machinery -- batched GEMM
-// kernels, fused autograd nodes, the parallel tasks -- costs seconds per TU).
-// Compile every TU of a program with -DTENSORDICT_SEPARATE_COMPILATION and
-// those non-template functions are only declared there; exactly one TU
-// includes <tensordict/separate_compilation.hpp>, which defines them.
+// Where the library's non-template functions are compiled (the lowered
+// ensemble machinery: batched GEMM kernels, fused autograd nodes, parallel
+// tasks; the run-time registry; the file formats; the distributions).
+//
+// By default they are only declared in a program's TUs and defined once, in
+// libtensordict (built from <tensordict/library.hpp>; Meson's dependency, the
+// pkg-config file and the CMake package link it), as {fmt} does: a TU that
+// calls them does not compile them again, which cost seconds per TU at -O3.
+// -DTENSORDICT_HEADER_ONLY (every TU of the program) defines them inline in
+// every TU that includes them instead, as FMT_HEADER_ONLY: nothing to link.
 #pragma once
 
 #define TENSORDICT_CONFIG_INCLUDED 1
 
 #if defined(TENSORDICT_SEPARATE_COMPILATION)
-// Declared in every TU, defined (not inline) in the one that includes separate_compilation.hpp.
+#error "-DTENSORDICT_SEPARATE_COMPILATION is the default now: drop it and link libtensordict (or compile one TU of <tensordict/library.hpp>)"
+#endif
+
+#if defined(TENSORDICT_HEADER_ONLY)
+#define TENSORDICT_DECL inline
+#define TENSORDICT_DEFINITIONS 1
+#else
+// Declared in every TU, defined (not inline) in the one of <tensordict/library.hpp>.
 #define TENSORDICT_DECL
-#if defined(TENSORDICT_SEPARATE_COMPILATION_SOURCE)
+#if defined(TENSORDICT_LIBRARY_SOURCE)
 #define TENSORDICT_DEFINITIONS 1
 #else
 #define TENSORDICT_DEFINITIONS 0
 #endif
-#else
-#define TENSORDICT_DECL inline
-#define TENSORDICT_DEFINITIONS 1
 #endif

@@ -21,7 +21,7 @@
 
 #include "../any_tensordict.hpp"
 #include "../errors.hpp"
-#include "../modules/adapter.hpp"
+#include "../nn/adapters/adapter.hpp"
 #include "module_access.hpp"
 
 namespace tensordict {

@@ -36,7 +36,7 @@
 #include "../errors.hpp"
 #include "compat.hpp"
 #include "format.hpp"
-#include "shared_mappings.hpp"
+#include "../files/detail/shared_mappings.hpp"
 
 namespace tensordict {
 // The names of the batch dims (Python's td.names): std::nullopt for a dim without one.
