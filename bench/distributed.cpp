@@ -21,7 +21,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <tensordict/distributed.hpp>
-#include <tensordict/functional_vmap.hpp>
+#include <tensordict/nn/functional_vmap.hpp>
 
 namespace td = tensordict;
 namespace dist = tensordict::distributed;

@@ -23,9 +23,9 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <torch/version.h>
-#include <tensordict/files.hpp>
-#include <tensordict/memmap.hpp>
-#include <tensordict/safetensors.hpp>
+#include <tensordict/files/torch_save.hpp>
+#include <tensordict/files/memmap.hpp>
+#include <tensordict/files/safetensors.hpp>
 
 namespace td = tensordict;
 namespace fs = std::filesystem;

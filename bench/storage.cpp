@@ -27,7 +27,7 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/zeros.h>
-#include <tensordict/memmap.hpp>
+#include <tensordict/files/memmap.hpp>
 #include <tensordict/preallocate.hpp>
 
 namespace td = tensordict;
