@@ -16,13 +16,13 @@ functional_vmap, a memmap buffer, a checkpoint); ../../examples/policy.cpp; and
 library.cpp, libtensordict's own TU (compiled when the package is built).
 Each is compiled `--repeat` times, interleaved, and the fastest time is kept (a
 shared machine only ever slows a compile down), with its peak memory and its
-ratio to torch_only. --time-report adds g++'s -ftime-report of sac_agent.cpp
-both ways: the phases where the seconds go.
+ratio to torch_only. --phases adds where the seconds of torch_only, sac_agent
+and mlp_headers go (preprocessing, parse and instantiation, code generation) and
+their objects' text.
 
-Usage: units.py [--repeat 3] [--time-report] -- COMPILER FLAGS...
+Usage: units.py [--repeat 3] [--phases] -- COMPILER FLAGS...
 """
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -45,16 +45,19 @@ UNITS = [
 ]
 
 
-def time_report(compiler, source, obj):
-    """The largest phases of g++'s -ftime-report (wall seconds), as 'phase seconds' pairs."""
-    proc = subprocess.run(compiler + ["-ftime-report", "-c", source, "-o", obj], capture_output=True, text=True)
-    phases = []
-    for line in proc.stderr.splitlines():
-        m = re.match(r"\s*(.+?)\s*:.*?wall\s*(\d+\.\d+)\s*\(\s*(\d+)%\)", line)
-        if m and not m.group(1).startswith("TOTAL"):
-            phases.append((float(m.group(2)), m.group(1)))
-    phases.sort(reverse=True)
-    return phases[:8]
+def phases(compiler, source, obj):
+    """Where a unit's seconds go: preprocessing (-E), the front end's parse and template
+    instantiation (-fsyntax-only less -E) and code generation (the full compile less
+    -fsyntax-only), each the fastest of `repeat`, and the object's text in KB.
+    g++ 12's own -ftime-report stops with an internal compiler error on these units
+    (timevar.cc:453, nested timers in template instantiation), so the phases are timed
+    apart."""
+    preprocess = compile_once(compiler + ["-E"], source, obj + ".ii")[0]
+    front = compile_once(compiler + ["-fsyntax-only"], source, obj)[0]
+    full = compile_once(compiler, source, obj)[0]
+    size = subprocess.run(["size", obj], capture_output=True, text=True).stdout.splitlines()
+    text_kb = int(size[1].split()[0]) / 1000 if len(size) > 1 else float("nan")
+    return preprocess, front, full, text_kb
 
 
 def main():
@@ -65,7 +68,7 @@ def main():
         if args[0] == "--repeat":
             repeat = int(args[1])
             args = args[2:]
-        elif args[0] == "--time-report":
+        elif args[0] == "--phases":
             report = True
             args = args[1:]
         else:
@@ -85,11 +88,18 @@ def main():
             seconds, mib = best[(name, way)]
             print(f"compile_time unit={name} way={way} seconds={seconds:.1f} peak_mib={mib:.0f} vs_torch_h={seconds / base:.2f}")
         if report:
-            source = os.path.join(HERE, "units/sac_agent.cpp")
-            for way, flags in (("default", []), ("header_only", HEADER_ONLY)):
-                phases = time_report(compiler + flags, source, os.path.join(tmp, "report.o"))
-                print(f"time_report unit=sac_agent way={way}: " + "; ".join(f"{p} {s:.1f} s" for s, p in phases))
-
+            for name, source, ways in UNITS:
+                if name not in ("torch_only", "sac_agent", "mlp_headers"):
+                    continue
+                for way in ways:
+                    flags = HEADER_ONLY if way == "header_only" else []
+                    best_phases = None
+                    for _ in range(repeat):
+                        measured = phases(compiler + flags, os.path.join(HERE, source), os.path.join(tmp, "phases.o"))
+                        best_phases = measured if best_phases is None else tuple(map(min, best_phases, measured))
+                    preprocess, front, full, text_kb = best_phases
+                    print(f"phases unit={name} way={way} preprocess_s={preprocess:.1f} parse_instantiate_s={front - preprocess:.1f}"
+                          f" codegen_s={full - front:.1f} text_kb={text_kb:.0f}")
 
 if __name__ == "__main__":
     main()
