@@ -156,7 +156,7 @@ TEST_CASE("every module class of the installed libtorch is supported or listed w
   const auto supported = tdn::supported_module_types();
   const std::set<std::string> known(supported.begin(), supported.end());
   for (const auto& type : found) {
-    INFO(type << ": neither supported (a family's list in include/tensordict/modules/) nor in "
+    INFO(type << ": neither supported (a family's list in include/tensordict/nn/adapters/) nor in "
                  "nn::unsupported_module_types with a reason");
     bool listed = known.count(type) > 0;
     for (const auto& u : tdn::unsupported_module_types)

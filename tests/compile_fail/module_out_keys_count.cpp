@@ -1,5 +1,6 @@
 // A TensorDictModule whose out keys do not match the tensors its module returns.
 // expect: the number of out keys differs from the number of tensors that the module returns
+#include <tensordict/nn/adapters/recurrent.hpp>
 #include <tensordict/nn/tensordict_module.hpp>
 
 namespace tdn = tensordict::nn;

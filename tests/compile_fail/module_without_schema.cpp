@@ -1,6 +1,7 @@
 // from_module of a user module whose members were never named.
 // expect: this module type has no schema. Name its members once with TENSORDICT_MODULE
 #include <tensordict/functional.hpp>
+#include <tensordict/nn/adapters/linear.hpp>
 
 struct NamedImpl : torch::nn::Module {
   torch::nn::Linear fc{nullptr};

@@ -1,6 +1,7 @@
 // A wrong key in user code, on the parameters of a user module.
 // expect: unknown_key<tensordict::key<6>{"wieght"}, tensordict::compile_error::available_keys<tensordict::key<6>{"weight"}, tensordict::key<4>{"bias"}> >
 #include <tensordict/functional.hpp>
+#include <tensordict/nn/adapters/linear.hpp>
 
 struct NetImpl : torch::nn::Module {
   torch::nn::Linear fc{nullptr};
