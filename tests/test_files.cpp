@@ -24,6 +24,7 @@
 #include <tensordict/functional.hpp>
 #include <tensordict/files/memmap.hpp>
 #include <tensordict/files/safetensors.hpp>
+#include <tensordict/files/consolidated.hpp>
 
 using namespace tensordict;
 using test::Contains;
@@ -579,7 +580,7 @@ TEST_CASE("memmap: directories Python tensordict 0.4 wrote load with their keys,
 TEST_CASE("memmap: what save_memmap writes has Python's layout and meta.json fields", "[files]") {
   const std::string from = fixture("tensordict-v0.4-memmap/sample_batch");
   temporary_dir out("memmap_layout");
-  save_memmap(load_memmap(from), out / "sample_batch");
+  save_memmap(load_memmap(from), out / "sample_batch", {.memmap = memmap_layout::v0_4});
   for (const auto& sub : {std::string(""), std::string("/next")}) {
     std::vector<std::string> ours, theirs;
     for (const auto& e : std::filesystem::directory_iterator(out / ("sample_batch" + sub))) ours.push_back(e.path().filename());
@@ -636,9 +637,9 @@ TEST_CASE("memmap: bad directories throw file_error naming the file", "[files]")
                     Contains("does not start with the batch size [2]"));
   CHECK_THROWS_WITH(load_memmap(broken("escape", "meta.json",
                                        R"({"..": {"type": "TensorDict"}, "shape": [2], "device": "cpu"})")),
-                    Contains("\"..\" cannot name a file"));
-  CHECK_THROWS_WITH(load_memmap(broken("other", "meta.json", R"({"s": {"type": "LazyStackedTensorDict"}, "shape": [2], "device": "cpu"})")),
-                    Contains("\"s\" holds a LazyStackedTensorDict"));
+                    Contains("names the TensorDict \"..\"") && Contains("%2E%2E is not a directory"));
+  CHECK_THROWS_WITH(load_memmap(broken("other", "meta.json", R"({"s": {"type": "KeyedJaggedTensor"}, "shape": [2], "device": "cpu"})")),
+                    Contains("\"s\" holds a KeyedJaggedTensor"));
   CHECK_THROWS_WITH(load_memmap(broken("no_value", "meta.json", R"({"s": {"type": "NonTensorData"}, "shape": [2], "device": "cpu"})")),
                     Contains("s/meta.json"));
   CHECK(load_memmap(dir / "other", {.skip_non_tensors = true}).empty());
@@ -828,4 +829,242 @@ TEST_CASE("memmap directories keep each nested level's batch size, as Python wri
     out << meta.dump();
   }
   CHECK_THROWS_WITH(load_memmap(dir / "td"), Contains("sub/meta.json: the batch size [5] does not start with the enclosing TensorDict's [4,3]"));
+}
+
+// ---- files of Python tensordict 0.7, 0.12 and 0.14 (tests/data/tensordict-v0.7-v0.14, made by its make.py) ----
+
+namespace {
+// make.py's val(shape, dtype, off).
+at::Tensor release_value(c10::IntArrayRef shape, at::ScalarType dtype, double off = 0) {
+  std::int64_t n = 1;
+  for (auto s : shape) n *= s;
+  const at::Tensor a = at::arange(n, at::kDouble) + off;
+  at::Tensor r;
+  if (dtype == at::kBool) r = (a.to(at::kLong).remainder(3)).eq(0);
+  else if (dtype == at::kByte) r = a.to(at::kLong).remainder(251).to(at::kByte);
+  else if (dtype == at::kLong || dtype == at::kInt || dtype == at::kShort || dtype == at::kChar) r = (a.to(at::kLong) - 3).to(dtype);
+  else r = (a * 0.5 - 1.0).to(dtype);
+  return r.reshape(shape);
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) { return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.equal(b); }
+
+// make.py's nested_td(), loaded.
+void check_nested(const AnyTensorDict& td) {
+  CHECK(td.batch_size() == c10::IntArrayRef{4});
+  CHECK(same(td.get("f32"), release_value({4, 3}, at::kFloat)));
+  CHECK(same(td.get("f64"), release_value({4}, at::kDouble, 1)));
+  CHECK(same(td.get("bf16"), release_value({4, 2}, at::kBFloat16, 2)));
+  CHECK(same(td.get("i64"), release_value({4}, at::kLong, 3)));
+  CHECK(same(td.get("bool"), release_value({4, 5}, at::kBool, 4)));
+  CHECK(same(td.get("u8"), release_value({4, 2, 2}, at::kByte, 5)));
+  CHECK(td.get_tensordict("sub").batch_size() == c10::IntArrayRef{4, 3});
+  CHECK(same(td.get("sub", "x"), release_value({4, 3, 2}, at::kFloat, 6)));
+  CHECK(td.get_tensordict("sub", "deeper").batch_size() == c10::IntArrayRef{4, 3});
+  CHECK(same(td.get("sub", "deeper", "y"), release_value({4, 3}, at::kLong, 7)));
+  CHECK(td.get_tensordict("empty").empty());
+  CHECK(td.get_tensordict("empty").batch_size() == c10::IntArrayRef{4});
+}
+
+const std::map<std::string, std::string> odd_keys = {
+    {"oddkey_dot", "a.b"},       {"oddkey_space", "with space"}, {"oddkey_pct", "pct%x"},
+    {"oddkey_colon", "colon:x"}, {"oddkey_question", "q?"},       {"oddkey_unicode", "uni-\u00e9"},
+    {"oddkey_dash_underscore", "a-b_c"}, {"oddkey_drive", "a:b"}, {"oddkey_backslash", "a\\b"}};
+}  // namespace
+
+TEST_CASE("every file Python tensordict 0.7.2, 0.12.4 and 0.14.0 wrote loads with its keys, batch sizes, dtypes and values, or is refused with the README's reason", "[files][python_releases]") {
+  for (const std::string release : {"v0.7.2", "v0.12.4", "v0.14.0"}) {
+    INFO(release);
+    const std::string dir = fixture("tensordict-v0.7-v0.14/" + release + "/");
+    const auto report = nlohmann::json::parse(bytes_of(dir + "python_write_report.json"));
+    int checked = 0;
+    for (const auto& [name, result] : report["cases"].items()) {
+      INFO(name);
+      if (!result["ok"].get<bool>()) continue;  // Python itself refused to write it
+      const std::string path = dir + name;
+      ++checked;
+      if (name == "nested" || name == "nested_save" || name == "nested_device_cpu" || name == "archive.tdz") {
+        check_nested(load_memmap(path));
+        check_nested(load_memmap(path, {.memory = load_memory::owned}));
+        using part = schema<leaf<"f32">, node<"sub", leaf<"x">, node<"deeper", leaf<"y">>>>;
+        CHECK(same(load_memmap<part>(path, {.strict = false}).get<"sub", "deeper", "y">(), release_value({4, 3}, at::kLong, 7)));
+      } else if (name == "consolidated.bin") {
+        check_nested(load_consolidated(path));
+        check_nested(load_consolidated(path, {.memory = load_memory::owned}));
+        CHECK(mapped(load_consolidated(path).get("f32")));
+      } else if (name == "empty_leaf") {
+        const auto td = load_memmap(path);  // Python writes no e.memmap
+        CHECK(same(td.get("e"), at::empty({0, 3})));
+        CHECK(same(td.get("f"), release_value({2}, at::kFloat)));
+      } else if (odd_keys.count(name)) {
+        const std::string& key = odd_keys.at(name);
+        const auto td = load_memmap(path);
+        CHECK(same(td.get({key}), release_value({2}, at::kFloat)));
+        CHECK(same(td.get({"sub_" + key, "v"}), release_value({2}, at::kLong)));
+      } else if (name == "oddkey_space_legacy") {
+        CHECK(same(load_memmap(path).get({"with space"}), release_value({2}, at::kFloat)));
+      } else if (name.rfind("nt_", 0) == 0) {
+        const auto td = load_memmap(path, {.skip_non_tensors = name == "nt_list"});
+        if (name == "nt_stack_from_stack") {
+          CHECK(same(td.get("obs"), at::stack({release_value({2}, at::kFloat), release_value({2}, at::kFloat, 1),
+                                               release_value({2}, at::kFloat, 2)})));
+          CHECK((td.non_tensor({"name"}).values() == std::vector<non_tensor_value>{"n0", "n1", "n2"}));
+          continue;
+        }
+        const bool two_d = name == "nt_stack_2d";
+        CHECK(same(td.get("obs"), release_value(two_d ? std::vector<std::int64_t>{2, 2} : std::vector<std::int64_t>{3}, at::kFloat)));
+        if (name == "nt_str") CHECK((td.non_tensor({"value"}).value() == non_tensor_value("reach")));
+        if (name == "nt_int") CHECK((td.non_tensor({"value"}).value() == non_tensor_value(std::int64_t{7})));
+        if (name == "nt_float") CHECK((td.non_tensor({"value"}).value() == non_tensor_value(0.5)));
+        if (name == "nt_none") CHECK((td.non_tensor({"value"}).value() == non_tensor_value(std::monostate{})));
+        if (name == "nt_bool") CHECK((td.non_tensor({"value"}).value() == non_tensor_value(true)));
+        if (name == "nt_stack") CHECK((td.non_tensor({"names"}).values() == std::vector<non_tensor_value>{"a", "b", "c"}));
+        if (two_d) CHECK((td.non_tensor({"names"}).values() == std::vector<non_tensor_value>{"a", "b", "c", "d"}));
+        if (name == "nt_list") {  // a list value: refused (README), left out on request
+          CHECK_FALSE(td.is_non_tensor({"value"}));
+          CHECK_THROWS_WITH(load_memmap(path), Contains("\"data\" holds [1,2]"));
+        }
+      } else if (name == "from_module" || name == "params") {
+        CHECK((load_memmap(path).flatten_keys() == load(dir + "from_module.ref.pt")).all());
+      } else if (name == "params_nested") {
+        const auto td = load_memmap(path);
+        CHECK((td.get_tensordict("params").flatten_keys() == load(dir + "from_module.ref.pt")).all());
+        CHECK(same(td.get("x"), release_value({}, at::kFloat)));
+      } else if (name == "params_stacked_plain") {
+        const auto td = load_memmap(path);
+        CHECK(td.batch_size() == c10::IntArrayRef{2});
+        CHECK(td.get("weight").sizes() == c10::IntArrayRef{2, 4, 3});
+      } else if (name == "lazy_same" || name == "lazy_ragged" || name == "lazy_nested") {
+        const bool ragged = name == "lazy_ragged";
+        if (name != "lazy_nested") {
+          const auto lazy = load_memmap_lazy_stack(path);
+          REQUIRE(lazy.size() == 2);
+          CHECK(same(lazy[1].get("obs"), release_value({ragged ? 5 : 3}, at::kFloat, 1)));
+          CHECK(same(lazy[0].get("n"), release_value({}, at::kLong)));
+        }
+        if (ragged) {
+          CHECK_THROWS_WITH(load_memmap(path), Contains("LazyStackedTensorDict whose elements differ"));
+          continue;
+        }
+        const auto td = load_memmap(path);
+        const AnyTensorDict stacked = name == "lazy_nested" ? td.get_tensordict("ls") : td;
+        CHECK(stacked.batch_size() == c10::IntArrayRef{2});
+        CHECK(same(stacked.get("obs"), at::stack({release_value({3}, at::kFloat), release_value({3}, at::kFloat, 1)})));
+        if (name == "lazy_nested") CHECK(same(td.get("x"), release_value({2}, at::kFloat)));
+      } else if (name == "tensorclass" || name == "tensorclass_nested") {
+        const auto whole = load_memmap(path);
+        const AnyTensorDict td = name == "tensorclass" ? whole : whole.get_tensordict("tc");
+        CHECK(td.batch_size() == c10::IntArrayRef{3});
+        CHECK(same(td.get("obs"), release_value({3, 2}, at::kFloat)));
+        CHECK(same(td.get("reward"), release_value({3}, at::kDouble)));
+        CHECK((td.non_tensor({"label"}).value() == non_tensor_value("tc")));
+      } else if (name == "state_dict.pt") {
+        CHECK(load(path).keys().size() == 4);
+      } else if (name == "dtypes.pt" || name == "dtypes.safetensors") {
+        const auto td = name == "dtypes.pt" ? load(path) : load_safetensors(path);
+        CHECK(same(td.get("bf16"), release_value({4, 2}, at::kBFloat16, 2)));
+        CHECK(same(td.get("bool"), release_value({4, 5}, at::kBool, 4)));
+        if (name == "dtypes.pt") CHECK(same(td.get("f16"), release_value({3}, at::kHalf, 8)));
+      } else if (name == "td_to_dict.pt" || name == "nested.safetensors") {
+        const auto td = name == "td_to_dict.pt" ? load(path) : load_safetensors(path);
+        CHECK(same(td.get("sub", "deeper", "y"), release_value({4, 3}, at::kLong, 7)));
+      } else if (name == "td_state_dict.pt") {
+        // 0.7: nested, with __batch_size / __device entries (refused unless left out); 0.12+: flat dotted keys.
+        const auto td = load(path, {.skip_non_tensors = true}).flatten_keys();
+        CHECK(same(td.get({"sub.deeper.y"}), release_value({4, 3}, at::kLong, 7)));
+      } else if (name == "td_object.pt") {  // a pickled TensorDict object: refused (README)
+        CHECK_THROWS_WITH(load(path), Contains("not a dict"));
+      } else if (name == "model.safetensors") {
+        CHECK(load_safetensors(path).flatten_keys().keys().size() == 4);
+      } else {
+        FAIL("no check for " << name);
+      }
+    }
+    CHECK(checked >= 40);
+  }
+}
+
+TEST_CASE("memmap: save_memmap writes tensordict 0.14's layout by default and 0.4's on request", "[files][python_releases]") {
+  const std::string from = fixture("tensordict-v0.7-v0.14/v0.14.0/");
+  temporary_dir out("layout_0_14");
+  // The same files and the same meta.json, field for field, as 0.14 wrote.
+  for (const std::string name : {"nested", "oddkey_space", "oddkey_pct", "oddkey_backslash", "nt_str", "nt_stack", "empty_leaf"}) {
+    INFO(name);
+    save_memmap(load_memmap(from + name), out / name);
+    std::vector<std::string> ours, theirs;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(out / name))
+      ours.push_back(std::filesystem::relative(e.path(), out / name).string());
+    for (const auto& e : std::filesystem::recursive_directory_iterator(from + name))
+      theirs.push_back(std::filesystem::relative(e.path(), from + name).string());
+    std::sort(ours.begin(), ours.end());
+    std::sort(theirs.begin(), theirs.end());
+    CHECK(ours == theirs);
+    for (const auto& file : theirs)
+      if (file.ends_with("meta.json"))
+        CHECK(nlohmann::ordered_json::parse(bytes_of(out / (name + "/" + file))) ==
+              nlohmann::ordered_json::parse(bytes_of(from + name + "/" + file)));
+  }
+  // 0.4's layout: raw names, and keys some release would not find are refused before writing.
+  AnyTensorDict odd({2});
+  odd.set({"with space"}, at::ones({2}));
+  save_memmap(odd, out / "v04", {.memmap = memmap_layout::v0_4});
+  CHECK(std::filesystem::exists(out / "v04/with space.memmap"));
+  CHECK(load_memmap(out / "v04").get({"with space"}).equal(at::ones({2})));
+  for (const std::string key : {"a:b", "a\\b", "a/b", ".", ""}) {
+    AnyTensorDict bad({2});
+    bad.set({key}, at::ones({2}));
+    CHECK_THROWS_WITH(save_memmap(bad, out / "refused", {.memmap = memmap_layout::v0_4}), Contains("memmap_layout::v0_4"));
+    CHECK_FALSE(std::filesystem::exists(out / "refused"));
+    save_memmap(bad, out / "encoded");  // the default encodes it; read back whole
+    CHECK(load_memmap(out / "encoded").get({key}).equal(at::ones({2})));
+  }
+  AnyTensorDict clash({2});
+  clash.set({"a b"}, at::ones({2}));
+  clash.set({"a%20b"}, at::zeros({2}));
+  CHECK_THROWS_WITH(save_memmap(clash, out / "clash", {.memmap = memmap_layout::v0_4}), Contains("percent-encoded name"));
+  save_memmap(clash, out / "clash");
+  const auto back = load_memmap(out / "clash");
+  CHECK(back.get({"a b"}).equal(at::ones({2})));
+  CHECK(back.get({"a%20b"}).equal(at::zeros({2})));
+}
+
+TEST_CASE("consolidated files, .tdz archives and lazy stacks round-trip in Python's layout", "[files][python_releases]") {
+  const std::string from = fixture("tensordict-v0.7-v0.14/v0.14.0/");
+  temporary_dir out("formats_0_14");
+  const auto nested = load_memmap(from + "nested");
+  // Consolidated: the bytes Python wrote, metadata included.
+  save_consolidated(nested, out / "c.bin");
+  check_nested(load_consolidated(out / "c.bin"));
+  AnyTensorDict with_value({2});
+  with_value.set("x", at::ones({2, 3}, at::kHalf));
+  with_value.set_non_tensor({"label"}, "run-1");
+  save_consolidated(with_value, out / "v.bin");
+  const auto v = load_consolidated(out / "v.bin", {.memory = load_memory::owned});
+  CHECK(v.get("x").equal(at::ones({2, 3}, at::kHalf)));
+  CHECK((v.non_tensor({"label"}).value() == non_tensor_value("run-1")));
+  AnyTensorDict reserved({2});
+  reserved.set("leaves", "x", at::ones({2}));
+  CHECK_THROWS_WITH(save_consolidated(reserved, out / "r.bin"), Contains("uses this name for itself"));
+  CHECK_FALSE(std::filesystem::exists(out / "r.bin"));
+  CHECK_THROWS_AS(load_consolidated(from + "nested/f32.memmap"), file_error);
+  // .tdz: a zip of the folder's files, each member 64-aligned, read back mapped; 0.4's layout makes a folder.
+  save_memmap(nested, out / "n.tdz");
+  CHECK(std::filesystem::is_regular_file(out / "n.tdz"));
+  check_nested(load_memmap(out / "n.tdz"));
+  CHECK(mapped(load_memmap(out / "n.tdz").get("f64")));
+  const std::string zip = bytes_of(out / "n.tdz");
+  for (const auto& member : tensordict::detail::archive::zip_entries(zip, ".tdz")) CHECK(member.offset % 64 == 0);
+  save_memmap(nested, out / "old.tdz", {.memmap = memmap_layout::v0_4});
+  CHECK(std::filesystem::is_directory(out / "old.tdz"));
+  CHECK_THROWS_WITH(memmap_like(nested, out / "buffer.tdz"), Contains("cannot be written through"));
+  // A ragged lazy stack, written as Python writes one.
+  AnyTensorDict a, b;
+  a.set("obs", at::ones({3}));
+  b.set("obs", at::zeros({5}));
+  save_memmap(LazyStackedTensorDict<AnyTensorDict>({a, b}), out / "lazy");
+  CHECK(nlohmann::ordered_json::parse(bytes_of(out / "lazy/meta.json")) ==
+        nlohmann::ordered_json::parse(bytes_of(from + "lazy_ragged/meta.json")));
+  const auto lazy = load_memmap_lazy_stack(out / "lazy");
+  CHECK(lazy[1].get("obs").equal(at::zeros({5})));
+  CHECK_THROWS_WITH(load_memmap(out / "lazy"), Contains("elements differ"));
 }

@@ -20,3 +20,4 @@
 
 #include "files/memmap.hpp"
 #include "files/safetensors.hpp"
+#include "files/consolidated.hpp"

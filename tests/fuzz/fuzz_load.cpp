@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include <tensordict/files/detail/memmap_format.hpp>
+#include <tensordict/files/detail/consolidated_format.hpp>
 #include <tensordict/files/detail/safetensors_format.hpp>
 #include <tensordict/files/detail/torch_archive.hpp>
 
@@ -30,6 +31,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {
     (void)tensordict::detail::memmap::parse_meta(bytes, "meta.json");
+  } catch (const tensordict::file_error&) {
+  }
+  try {  // 0.5+: a lazy stack's or a tensorclass's meta.json
+    (void)tensordict::detail::memmap::parse_node(bytes, "meta.json");
+  } catch (const tensordict::file_error&) {
+  }
+  try {  // a consolidated file (its metadata at the end) and a .tdz archive's members
+    std::uint64_t data_size = 0;
+    (void)tensordict::detail::consolidated::parse(bytes, data_size);
+    (void)archive::zip_entries(bytes, ".tdz");
   } catch (const tensordict::file_error&) {
   }
   try {  // a non-tensor entry's meta.json, as NonTensorData and as a NonTensorStack of batch size [3, 2] (the seed's)

@@ -1,5 +1,5 @@
 // What the file loaders (files/torch_save.hpp: torch.save; files/safetensors.hpp; files/memmap.hpp)
-// share: how loaded tensors hold their memory.
+// share: how loaded tensors hold their memory; what the savers share: the layout they write.
 //
 // load_memory::owned copies every tensor into memory of its own: the file is
 // read once, during the call, without a mapping, and nothing another process
@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 
 namespace tensordict {
 
@@ -61,6 +62,30 @@ struct load_options {
   // load_state_dict(strict=False); a key of the schema that is there must
   // still fit it (batch size; with `like`, shape and dtype, and no key missing).
   bool strict = true;
+};
+
+// The folder layout save_memmap and memmap_like write (files/detail/memmap_format.hpp has both).
+enum class memmap_layout {
+  // tensordict 0.14's, the default: a key that is not a safe file name names its file and
+  // folder percent-encoded ("with space" -> with%20space.memmap), a leaf's fields end with
+  // "is_nested": false, a NonTensorData or NonTensorStack folder holds only its meta.json.
+  // Python 0.13 and later read every key; 0.4 to 0.12 read such a folder where no key
+  // needed encoding (letters, digits, ".", "-", "_" and non-ASCII need none).
+  v0_14,
+  // tensordict 0.4's: each key names its file and folder as it is, NonTensorData folders hold
+  // an empty _tensordict/, stacks a folder per element. Every release from 0.4 to 0.14 reads
+  // it; a key that some release would not find ("/", a backslash, ":", "", "." or "..", or a
+  // raw name that is another key's encoded one) is refused before anything is written.
+  v0_4,
+};
+
+// torch.save files: nested dicts ({"0": {"weight": tensor}}) or flat dotted keys ({"0.weight": tensor}).
+enum class file_layout { nested, flat };
+
+struct save_options {
+  file_layout layout = file_layout::nested;  // torch.save files
+  std::string separator = ".";               // for file_layout::flat
+  memmap_layout memmap = memmap_layout::v0_14;  // memmap directories
 };
 
 }  // namespace tensordict

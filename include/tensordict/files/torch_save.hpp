@@ -48,13 +48,6 @@
 
 namespace tensordict {
 
-enum class file_layout { nested, flat };
-
-struct save_options {
-  file_layout layout = file_layout::nested;
-  std::string separator = ".";  // for file_layout::flat
-};
-
 namespace detail {
 
 // The dtypes of archive::storage_types, in its order.

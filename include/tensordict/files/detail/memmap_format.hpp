@@ -15,6 +15,16 @@
 //                            as nested lists over the batch size, beside <key>/0/meta.json ... one per element
 //                            along dim 0 (TensorDict levels holding nothing, which readers need not open)
 //
+// What later releases changed (read either way; written as memmap_layout says, files/options.hpp):
+//   0.5+   a leaf's fields end with "is_nested": false (true: a jagged tensor, with a
+//          <key>.shape.memmap sidecar, which this library refuses); a NonTensorData folder
+//          holds only its meta.json, {"_type": ..., "data": ..., "_is_non_tensor": true,
+//          "_metadata": null}; a NonTensorStack no per-element folders; compact JSON.
+//   0.13+  a key that is not a safe file name names its file and folder percent-encoded
+//          (file_name below: "with space" -> with%20space.memmap, sub_with%20space/), and
+//          meta.json keeps the raw key; loaders try the encoded name, then the raw one.
+//   every  a leaf with no elements has no .memmap file.
+//
 // This header checks one level's meta.json (libtorch-free, for the fuzz
 // target); files/memmap.hpp walks the directories and checks every file's size.
 #pragma once
@@ -33,6 +43,7 @@
 
 #include "../../errors.hpp"
 #include "../../non_tensor.hpp"
+#include "../options.hpp"
 #include "dtypes.hpp"
 
 namespace tensordict::detail::memmap {
@@ -40,6 +51,7 @@ namespace tensordict::detail::memmap {
 inline constexpr std::string_view tensordict_type = "<class 'tensordict._td.TensorDict'>";
 inline constexpr std::string_view non_tensor_data_type = "<class 'tensordict.tensorclass.NonTensorData'>";
 inline constexpr std::string_view non_tensor_stack_type = "<class 'tensordict.tensorclass.NonTensorStack'>";
+inline constexpr std::string_view lazy_stack_type = "<class 'tensordict._lazy.LazyStackedTensorDict'>";
 
 struct entry {
   enum class kind { leaf, nested, other };
@@ -57,10 +69,41 @@ struct level {
   std::optional<std::string> device;  // null in the file: none
 };
 
-// A key is a file or directory name here: no separators, no "." or "..".
+// A name the file system takes as one file or folder name: no separators, not "." or "..".
 inline bool usable_key(std::string_view name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
          name.find('\0') == std::string_view::npos;
+}
+
+// The file (without ".memmap") or folder name tensordict 0.13+ gives a key:
+// NUL, control characters, DEL and space / \ < > : " | ? * % percent-encoded
+// (upper-case hex); "" is "%", "." and ".." every dot encoded. Other bytes
+// (dots inside a name, UTF-8) stay.
+inline std::string file_name(std::string_view key) {
+  if (key.empty()) return "%";
+  if (key == "." || key == "..") return key.size() == 1 ? "%2E" : "%2E%2E";
+  static constexpr std::string_view encoded = " /\\<>:\"|?*%";
+  static constexpr char hex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const char c : key) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7F || encoded.find(c) != std::string_view::npos) {
+      out += '%';
+      out += hex[byte >> 4];
+      out += hex[byte & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Whether every release (0.4 to 0.14) finds a key's file under its raw name
+// (memmap_layout::v0_4): 0.4 to 0.12 look only there; 0.13+ try the encoded
+// name first, then the raw one unless the key holds "/" or a backslash or starts
+// with a drive ("a:"; any ":" is refused here, as Windows refuses it in a name).
+inline bool readable_raw_by_every_release(std::string_view key) {
+  return usable_key(key) && key.find_first_of("\\:") == std::string_view::npos;
 }
 
 // The keys meta.json uses for the level itself, which no entry may have.
@@ -121,6 +164,45 @@ inline std::string python_json_dump(const nlohmann::ordered_json& v) {
   return text;
 }
 
+// What a folder's meta.json describes: a TensorDict level (parse_meta reads
+// it); a LazyStackedTensorDict, {"_type": "<class 'tensordict._lazy.LazyStackedTensorDict'>",
+// "stack_dim": 0}, its elements in folders 0, 1, ...; or a tensorclass,
+// {"_type": "<class '__main__.TC'>"}, its fields a TensorDict level in _tensordict/.
+struct node {
+  enum class kind { tensordict, lazy_stack, tensorclass };
+  kind type = kind::tensordict;
+  std::int64_t stack_dim = 0;
+  std::string class_name;  // tensorclass: "TC" of "<class '__main__.TC'>"
+};
+
+inline node parse_node(std::string_view text, const std::string& where) {
+  using json = nlohmann::ordered_json;
+  const std::string marked = with_non_finite_marked(text);
+  const json root = json::parse(marked.begin(), marked.end(), nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) throw file_error(where + " is not valid JSON");
+  if (!root.is_object()) throw file_error(where + " is not a JSON object");
+  node out;
+  const auto type = root.find("_type");
+  if (type == root.end() || !type->is_string()) return out;
+  const std::string t = type->get<std::string>();
+  const auto ends_with = [&](std::string_view tail) { return t.size() >= tail.size() && t.compare(t.size() - tail.size(), tail.size(), tail) == 0; };
+  if (ends_with(".TensorDict'>") || root.contains("shape")) return out;
+  if (ends_with(".LazyStackedTensorDict'>")) {
+    out.type = node::kind::lazy_stack;
+    const auto dim = root.find("stack_dim");
+    if (dim == root.end() || !dim->is_number_integer() || dim->get<std::int64_t>() < -64 || dim->get<std::int64_t>() > 64)
+      throw file_error(where + ": a LazyStackedTensorDict without an integer \"stack_dim\"");
+    out.stack_dim = dim->get<std::int64_t>();
+    return out;
+  }
+  if (t.rfind("<class '", 0) != 0 || !ends_with("'>"))
+    throw file_error(where + ": \"_type\" " + type->dump() + " is not a Python class");
+  out.type = node::kind::tensorclass;
+  const std::string qualified = t.substr(8, t.size() - 10);
+  out.class_name = qualified.substr(qualified.rfind('.') == std::string::npos ? 0 : qualified.rfind('.') + 1);
+  return out;
+}
+
 // `where` names the file in errors.
 inline level parse_meta(std::string_view text, const std::string& where) {
   using json = nlohmann::ordered_json;
@@ -148,7 +230,6 @@ inline level parse_meta(std::string_view text, const std::string& where) {
     const std::string& name = it.key();
     if (reserved_key(name)) continue;
     const std::string at = where + ": \"" + name + "\"";
-    if (!usable_key(name)) throw file_error(at + " cannot name a file");
     if (!names.insert(name).second) throw file_error(at + " is there twice");
     const json& v = it.value();
     if (!v.is_object()) throw file_error(at + " is not described by a JSON object");
@@ -175,6 +256,9 @@ inline level parse_meta(std::string_view text, const std::string& where) {
     const auto bytes = byte_size(e.shape, e.dtype->element_size);
     if (!bytes) throw file_error(at + ": its shape " + leaf_shape->dump() + " is too large");
     e.bytes = *bytes;
+    if (const auto jagged = v.find("is_nested"); jagged != v.end() && !(jagged->is_boolean() && !jagged->get<bool>()))
+      throw file_error(at + " is a nested (jagged) tensor (\"is_nested\": " + jagged->dump() +
+                       "), which this library does not read; save it as a padded tensor or leave it out");
     out.entries.push_back(std::move(e));
   }
   return out;
@@ -246,15 +330,16 @@ inline NonTensor parse_non_tensor(std::string_view text, const std::string& wher
   return NonTensor::stack(std::move(values), batch);
 }
 
-// What parse_non_tensor reads: the entry's meta.json text.
-inline std::string non_tensor_meta(const NonTensor& v) {
+// What parse_non_tensor reads: the entry's meta.json text, its fields in the order of the layout's release.
+inline std::string non_tensor_meta(const NonTensor& v, memmap_layout layout) {
   using json = nlohmann::ordered_json;
   json meta = json::object();
   if (!v.is_stack()) {
     meta["_type"] = non_tensor_data_type;
     meta["data"] = value_to_json(v.value());
+    if (layout == memmap_layout::v0_14) meta["_is_non_tensor"] = true;
     meta["_metadata"] = nullptr;
-    meta["_is_non_tensor"] = true;
+    if (layout == memmap_layout::v0_4) meta["_is_non_tensor"] = true;
     return python_json_dump(meta);
   }
   const auto& shape = v.shape();

@@ -96,11 +96,13 @@ struct zip_entry {
   std::uint32_t crc = 0;
 };
 
-// The entries of a zip archive whose members are stored (torch.save never compresses).
-inline std::vector<zip_entry> zip_entries(std::string_view file) {
+// The entries of a zip archive whose members are stored (torch.save and
+// tensordict's .tdz never compress); `format` names the file's kind in errors.
+inline std::vector<zip_entry> zip_entries(std::string_view file, std::string_view format = "torch.save") {
+  const std::string not_a = "not a " + std::string(format) + " file: ";
   constexpr std::uint32_t end_signature = 0x06054b50, zip64_locator = 0x07064b50, zip64_end = 0x06064b50;
   constexpr std::uint32_t central_signature = 0x02014b50, local_signature = 0x04034b50;
-  if (file.size() < 22) throw file_error("not a torch.save file: " + std::to_string(file.size()) + " bytes is too short for a zip archive");
+  if (file.size() < 22) throw file_error(not_a + std::to_string(file.size()) + " bytes is too short for a zip archive");
   // The end record is within the last 64 KiB + 22 bytes (its comment is at most 65535 bytes).
   std::size_t end = std::string_view::npos;
   const std::size_t lowest = file.size() > 65557 ? file.size() - 65557 : 0;
@@ -112,10 +114,10 @@ inline std::vector<zip_entry> zip_entries(std::string_view file) {
     }
   }
   if (end == std::string_view::npos) {
-    if (static_cast<unsigned char>(file[0]) == 0x80)
+    if (format == "torch.save" && static_cast<unsigned char>(file[0]) == 0x80)
       throw file_error("a torch.save file in the legacy format (_use_new_zipfile_serialization=False) is not supported; "
                        "save it again with torch.save's default format");
-    throw file_error("not a torch.save file: no zip end record (truncated, or not a zip archive)");
+    throw file_error(not_a + "no zip end record (truncated, or not a zip archive)");
   }
   reader e(file.substr(end), "the zip end record");
   e.take(4);
@@ -172,7 +174,7 @@ inline std::vector<zip_entry> zip_entries(std::string_view file) {
     d.take(comment_length);
     if (method != 0)
       throw file_error("the zip entry \"" + entry.name + "\" is compressed (method " + std::to_string(method) +
-                       "); torch.save stores entries uncompressed");
+                       "); " + std::string(format) + " stores entries uncompressed");
     if (flags & 1) throw file_error("the zip entry \"" + entry.name + "\" is encrypted");
     if (compressed != size) throw file_error("the zip entry \"" + entry.name + "\" has different stored and real sizes");
     if (local > file.size() || file.size() - local < 30)
