@@ -530,8 +530,8 @@ TEST_CASE("non-tensor data in memmap directories: tensordict 0.4's files, both w
 
   // Written back in the same layout: the files tensordict 0.4 reads (each meta.json compared as JSON).
   temporary_dir out("non_tensor_memmap");
-  save_memmap(td, out / "strings_and_ints");
-  save_memmap(stacked, out / "stacked_names");
+  save_memmap(td, out / "strings_and_ints", {.memmap = memmap_layout::v0_4});  // 0.4 wrote them
+  save_memmap(stacked, out / "stacked_names", {.memmap = memmap_layout::v0_4});
   auto json = [](const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); };
   for (const char* file : {"strings_and_ints/task/meta.json", "strings_and_ints/task/_tensordict/meta.json",
                            "strings_and_ints/episode/meta.json", "strings_and_ints/nested/label/meta.json",
