@@ -14,6 +14,7 @@
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
 
@@ -161,6 +162,113 @@ TEST_CASE("load: a value that is not a tensor is named, or left out on request",
   auto td = load(fixture(by + "checkpoint.pt"), {.skip_non_tensors = true});
   CHECK(td.level_keys() == std::vector<std::string>{"model"});
   CHECK(td.get("model", "0.weight").equal(value({4, 3}, 0.1)));
+}
+
+namespace {
+// A torch.save pickle written opcode by opcode, for the state_dict() layouts
+// of Python tensordict releases (this machine has no Python tensordict).
+struct pickle_writer {
+  std::string bytes = "\x80\x02";
+  pickle_writer& global(const std::string& module, const std::string& name) { return raw("c" + module + "\n" + name + "\n"); }
+  pickle_writer& str(const std::string& s) {
+    bytes += 'X';
+    for (int i = 0; i < 4; ++i) bytes += static_cast<char>((s.size() >> (8 * i)) & 0xFF);
+    bytes += s;
+    return *this;
+  }
+  pickle_writer& small_int(int v) { return raw(std::string("K") + static_cast<char>(v)); }
+  pickle_writer& ints(std::initializer_list<int> values) {
+    raw("(");
+    for (int v : values) small_int(v);
+    return raw("t");
+  }
+  pickle_writer& torch_size(std::initializer_list<int> values) { return global("torch", "Size").ints(values).raw("\x85R"); }
+  // A float tensor of `sizes`, contiguous, over its own storage `key` of `numel` elements.
+  pickle_writer& tensor(const std::string& key, int numel, std::initializer_list<int> sizes, std::initializer_list<int> strides) {
+    global("torch._utils", "_rebuild_tensor_v2").raw("((").str("storage").global("torch", "FloatStorage").str(key).str("cpu");
+    small_int(numel).raw("tQ").small_int(0).ints(sizes).ints(strides);
+    return raw("\x89)tR");
+  }
+  pickle_writer& raw(const std::string& s) {
+    bytes += s;
+    return *this;
+  }
+};
+
+// The archive of `pickle` with float storages "0", "1", ... of `numels` elements.
+std::string torch_save_archive(const std::string& pickle, std::initializer_list<int> numels) {
+  std::string zip;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, std::size_t n) {
+    zip.append(static_cast<const char*>(bytes), n);
+    return n;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  int key = 0;
+  for (int numel : numels) {
+    const std::vector<float> data(static_cast<std::size_t>(numel), 1.5f);
+    writer.writeRecord("data/" + std::to_string(key++), data.data(), data.size() * sizeof(float));
+  }
+  writer.writeEndOfFile();
+  return zip;
+}
+}  // namespace
+
+TEST_CASE("load: a Python TensorDict's state_dict() is that TensorDict, with its batch sizes", "[files]") {
+  // 0.12+: flat keys; _metadata names each TensorDict ("" the root) with its batch size.
+  auto flat = [](bool with_sub) {
+    pickle_writer p;
+    p.global("collections", "OrderedDict").raw(")R(");
+    p.str("a.b").tensor("0", 2, {2}, {1});
+    p.str("sub.x").tensor("1", 6, {2, 3}, {3, 1});
+    p.raw("u}").str("_metadata").raw("}");
+    p.str("").raw("}(").str("batch_size").torch_size({2}).str("device").raw("Nus");
+    if (with_sub) {
+      p.str("sub").raw("}(").str("batch_size").torch_size({2, 3}).str("device").raw("Nus");
+      p.str("sub.empty").raw("}(").str("batch_size").torch_size({2, 3, 1}).str("device").raw("Nus");
+    }
+    return torch_save_archive(p.raw("sb.").bytes, {2, 6});
+  };
+  const auto td = load_from_string(flat(true));
+  CHECK(td.batch_size() == c10::IntArrayRef{2});
+  CHECK((td.level_keys() == std::vector<std::string>{"a.b", "sub"}));  // "a" is no TensorDict: "a.b" stays one key
+  CHECK(td.get({"a.b"}).sizes() == c10::IntArrayRef{2});
+  CHECK(td.get_tensordict("sub").batch_size() == c10::IntArrayRef{2, 3});
+  CHECK(td.get("sub", "x").equal(at::full({2, 3}, 1.5)));
+  CHECK(td.get_tensordict("sub", "empty").empty());
+  CHECK(td.get_tensordict("sub", "empty").batch_size() == c10::IntArrayRef{2, 3, 1});
+  // Without "sub" recorded, "sub.x" is a key of the root as the file has it.
+  CHECK((load_from_string(flat(false)).level_keys() == std::vector<std::string>{"a.b", "sub.x"}));
+
+  // 0.7: nested dicts, each with "__batch_size" and "__device" entries.
+  auto nested = [](std::initializer_list<int> root_batch, bool device_alone) {
+    pickle_writer p;
+    p.global("collections", "OrderedDict").raw(")R(");
+    p.str("x").tensor("0", 2, {2}, {1});
+    p.str("sub").global("collections", "OrderedDict").raw(")R(").str("y").tensor("1", 6, {2, 3}, {3, 1});
+    p.str("__batch_size").torch_size({2, 3}).str("__device").raw("Nu");
+    if (!device_alone) p.str("__batch_size").torch_size(root_batch);
+    p.str("__device").raw("Nu");
+    return torch_save_archive(p.raw(".").bytes, {2, 6});
+  };
+  const auto old = load_from_string(nested({2}, false));
+  CHECK(old.batch_size() == c10::IntArrayRef{2});
+  CHECK((old.level_keys() == std::vector<std::string>{"x", "sub"}));
+  CHECK(old.get_tensordict("sub").batch_size() == c10::IntArrayRef{2, 3});
+  CHECK(old.get("sub", "y").equal(at::full({2, 3}, 1.5)));
+  // A recorded batch size the tensors do not have: the file's fault, named.
+  CHECK_THROWS_AS(load_from_string(nested({3}, false)), file_error);
+  CHECK_THROWS_WITH(load_from_string(nested({3}, false)), Contains("\"x\"") && Contains("recorded"));
+  // A "__device" without a "__batch_size" is a value like any other.
+  CHECK_THROWS_WITH(load_from_string(nested({2}, true)), Contains("__device") && Contains("None, not a tensor"));
+  CHECK((load_from_string(nested({2}, true), {.skip_non_tensors = true}).level_keys() == std::vector<std::string>{"x", "sub"}));
+
+  // A module's state_dict() has _metadata too ({"": {"version": 1}}): its dotted keys stay flat.
+  pickle_writer module;
+  module.global("collections", "OrderedDict").raw(")R(").str("0.weight").tensor("0", 2, {2}, {1});
+  module.raw("u}").str("_metadata").raw("}").str("").raw("}").str("version").small_int(1).raw("sssb.");
+  const auto flat_module = load_from_string(torch_save_archive(module.bytes, {2}));
+  CHECK((flat_module.level_keys() == std::vector<std::string>{"0.weight"}));
+  CHECK(flat_module.batch_size().empty());
 }
 
 TEST_CASE("load: BatchNorm's buffers, into a typed TensorDict checked against the module", "[files]") {
@@ -969,9 +1077,10 @@ TEST_CASE("every file Python tensordict 0.7.2, 0.12.4 and 0.14.0 wrote loads wit
         const auto td = name == "td_to_dict.pt" ? load(path) : load_safetensors(path);
         CHECK(same(td.get("sub", "deeper", "y"), release_value({4, 3}, at::kLong, 7)));
       } else if (name == "td_state_dict.pt") {
-        // 0.7: nested, with __batch_size / __device entries (refused unless left out); 0.12+: flat dotted keys.
-        const auto td = load(path, {.skip_non_tensors = true}).flatten_keys();
-        CHECK(same(td.get({"sub.deeper.y"}), release_value({4, 3}, at::kLong, 7)));
+        // 0.7: nested, with __batch_size / __device entries; 0.12+: flat dotted keys, the batch sizes in _metadata.
+        check_nested(load(path));
+        check_nested(load(path, {.memory = load_memory::mapped}));
+        CHECK((load(path).level_keys() == std::vector<std::string>{"f32", "f64", "bf16", "i64", "bool", "u8", "sub", "empty"}));
       } else if (name == "td_object.pt") {  // a pickled TensorDict object: refused (README)
         CHECK_THROWS_WITH(load(path), Contains("not a dict"));
       } else if (name == "model.safetensors") {

@@ -29,6 +29,15 @@ mkdir -p "$corpus"
 for f in "$root"/tests/data/*.pt "$root"/tests/data/*/*.pt "$root"/tests/data/safetensors/*.safetensors; do
   cp "$f" "$corpus/$(basename "$(dirname "$f")")_$(basename "$f")"
 done
+# Python tensordict 0.7 to 0.14: state_dict()s, consolidated files, .tdz archives, the
+# meta.json of lazy stacks, tensorclasses and 0.5+'s NonTensorStack.
+for f in "$root"/tests/data/tensordict-v0.7-v0.14/*/*.pt "$root"/tests/data/tensordict-v0.7-v0.14/*/consolidated.bin \
+    "$root"/tests/data/tensordict-v0.7-v0.14/v0.14.0/archive.tdz; do
+  cp -f "$f" "$corpus/$(basename "$(dirname "$f")")_$(basename "$f")"
+done
+for f in lazy_ragged lazy_nested/ls tensorclass tensorclass_nested/tc nt_stack/names; do
+  cp -f "$root/tests/data/tensordict-v0.7-v0.14/v0.14.0/$f/meta.json" "$corpus/v0.14.0_$(echo "$f" | tr / _)_meta.json"
+done
 for f in "$root"/tests/data/tensordict-v0.4-memmap/*/meta.json; do
   cp "$f" "$corpus/memmap_$(basename "$(dirname "$f")")_meta.json"
 done

@@ -12,7 +12,11 @@
 // {"0.weight": tensor}, which model.load_state_dict() takes.
 // load reads dicts, OrderedDicts (every state_dict()), one-entry dicts and
 // nested dicts, whose values are tensors or nn.Parameters; tensors that share
-// a storage in the file share one after loading. Values that are not tensors
+// a storage in the file share one after loading. A Python TensorDict's
+// state_dict() loads as that TensorDict, nested, with its batch sizes: 0.7
+// nests dicts with "__batch_size" / "__device" entries; 0.12 and 0.14 flatten
+// the keys and record each TensorDict in the OrderedDict's _metadata (the
+// recorded device is not kept: tensors load on the CPU). Values that are not tensors
 // (an "epoch": 3) throw file_error naming their key, or are left out with
 // load_options::skip_non_tensors. The legacy (non-zip) format and TorchScript
 // archives are refused with file_error. Tensors load on the CPU, by default
@@ -128,6 +132,17 @@ inline void write_torch_save(const AnyTensorDict& td, std::ostream& out) {
   writer.writeEndOfFile();
 }
 
+// A value under the batch sizes a TensorDict's state_dict() recorded: one that
+// does not fit them is the file's fault.
+template <class V>
+void set_as_recorded(AnyTensorDict& out, const any_key_path& path, const V& value) {
+  try {
+    out.set(path, value);
+  } catch (const shape_error& e) {
+    throw file_error(std::string(e.what()) + " (the batch sizes are the ones the file's state_dict() recorded)");
+  }
+}
+
 inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_path& path,
                  std::unordered_map<std::string, at::Tensor>& storages, const std::shared_ptr<const mapped_file>& file,
                  const load_options& options, load_memory memory) {
@@ -145,12 +160,13 @@ inline void fill(AnyTensorDict& out, const archive::dict_record& dict, any_key_p
         throw file_error(to_string(path) + ": its storage \"" + t.storage_key + "\" is read as two dtypes");
       at::Tensor tensor = base.as_strided(t.sizes, t.strides, t.offset);
       if (t.requires_grad) tensor.requires_grad_();
-      out.set(path, tensor);
+      set_as_recorded(out, path, tensor);
     } else if (e.dict) {
-      if (e.dict->entries.empty())
+      if (e.dict->batch_size)  // a TensorDict's state_dict()
+        set_as_recorded(out, path, AnyTensorDict(*e.dict->batch_size));
+      else if (e.dict->entries.empty())
         out.set(path, AnyTensorDict(out.batch_size()));
-      else
-        fill(out, *e.dict, path, storages, file, options, memory);
+      fill(out, *e.dict, path, storages, file, options, memory);
     } else if (!options.skip_non_tensors) {
       throw file_error(to_string(path) + " holds a Python " + e.other +
                        ", not a tensor; load with load_options{.skip_non_tensors = true} to leave such values out");
@@ -164,7 +180,7 @@ inline AnyTensorDict load_parsed(std::string_view bytes, const std::shared_ptr<c
   const load_memory memory = file ? load_memory::mapped : load_memory::owned;
   const bool mapped = memory == load_memory::mapped;
   const auto root = archive::parse(bytes, mapped && !options.verify_checksums ? archive::checksums::metadata : archive::checksums::all);
-  AnyTensorDict out;
+  AnyTensorDict out(root->batch_size ? c10::IntArrayRef(*root->batch_size) : c10::IntArrayRef{});
   any_key_path path;
   std::unordered_map<std::string, at::Tensor> storages;
   fill(out, *root, path, storages, file, options, memory);

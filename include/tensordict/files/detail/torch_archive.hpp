@@ -17,6 +17,7 @@
 // Libtorch-free on purpose: the fuzz target compiles with clang's libFuzzer.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,7 @@ struct tensor_record {
 };
 
 // A dict of the file: keys in order; each entry a tensor, a sub-dict, or another Python value.
+// A TensorDict's state_dict() records its batch size (and each nested one's).
 struct dict_record {
   struct entry {
     std::string key;
@@ -51,6 +53,7 @@ struct dict_record {
     std::string other;  // the Python type of a value that is neither
   };
   std::vector<entry> entries;
+  std::optional<std::vector<std::int64_t>> batch_size;
 };
 
 namespace detail_checks {
@@ -147,6 +150,15 @@ inline std::unique_ptr<dict_record> parse(std::string_view file, checksums verif
                        " elements");
     return out;
   };
+  auto batch_size_of = [&](const value& size, const std::string& where) {
+    std::vector<std::int64_t> out;
+    for (std::size_t item : size.items) {
+      if (values[item].integer < 0) throw file_error(where + ": a batch size has a negative entry");
+      out.push_back(values[item].integer);
+    }
+    return out;
+  };
+  auto is_torch_size = [&](const value& v) { return v.type == value::kind::tuple && v.text == "torch.Size"; };
   // Dicts nest at most this deep, and each appears once: through the memo, a
   // file could otherwise make a cycle, or a small file a huge tree.
   constexpr int max_depth = 64;
@@ -158,6 +170,7 @@ inline std::unique_ptr<dict_record> parse(std::string_view file, checksums verif
     auto out = std::make_unique<dict_record>();
     std::unordered_set<std::string> keys;
     const auto& items = values[v].items;
+    std::optional<dict_record::entry> device;  // tensordict 0.5-0.11's "__device": dropped beside a "__batch_size"
     for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
       const value& key = values[items[i]];
       const value& item = values[items[i + 1]];
@@ -167,18 +180,99 @@ inline std::unique_ptr<dict_record> parse(std::string_view file, checksums verif
       else throw file_error(where + ": a key is " + kind_name(key.type) + "; keys must be strings");
       const std::string path = where.empty() ? "\"" + e.key + "\"" : where + "/\"" + e.key + "\"";
       if (!keys.insert(e.key).second) throw file_error(path + ": the key is there twice");
+      if (e.key == "__batch_size" && is_torch_size(item)) {
+        out->batch_size = batch_size_of(item, path);
+        continue;
+      }
       if (item.type == value::kind::tensor) e.tensor = tensor(item, path);
       else if (item.type == value::kind::dict) e.dict = self(self, items[i + 1], path, depth + 1);
-      else e.other = item.type == value::kind::object ? item.text : kind_name(item.type);
+      else e.other = item.type == value::kind::object || is_torch_size(item) ? item.text : kind_name(item.type);
+      if (e.key == "__device" && (item.type == value::kind::none || item.type == value::kind::string)) {
+        device = std::move(e);
+        continue;
+      }
       out->entries.push_back(std::move(e));
     }
+    if (device && !out->batch_size) out->entries.push_back(std::move(*device));
     return out;
+  };
+  // tensordict 0.12+'s state_dict(): flat dotted keys, and in the OrderedDict's
+  // _metadata each TensorDict's dotted prefix with its batch size (one with no
+  // leaves is there only). The keys are split at those prefixes alone: a leaf
+  // "a.b" of the root stays "a.b" unless a TensorDict "a" was recorded.
+  using batch_sizes = std::map<std::string, std::vector<std::int64_t>>;
+  auto tensordict_metadata = [&](std::size_t root) {
+    batch_sizes out;
+    const value& dict = values[root];
+    if (!dict.build_state || values[dict.build_state - 1].type != value::kind::dict) return out;
+    const auto& state = values[dict.build_state - 1].items;
+    for (std::size_t i = 0; i + 1 < state.size(); i += 2) {
+      if (values[state[i]].type != value::kind::string || values[state[i]].text != "_metadata") continue;
+      const value& metadata = values[state[i + 1]];
+      if (metadata.type != value::kind::dict) return out;
+      for (std::size_t j = 0; j + 1 < metadata.items.size(); j += 2) {
+        const value& prefix = values[metadata.items[j]];
+        const value& fields = values[metadata.items[j + 1]];
+        if (prefix.type != value::kind::string || fields.type != value::kind::dict) continue;
+        for (std::size_t f = 0; f + 1 < fields.items.size(); f += 2)
+          if (values[fields.items[f]].type == value::kind::string && values[fields.items[f]].text == "batch_size" &&
+              is_torch_size(values[fields.items[f + 1]]))
+            out[prefix.text] = batch_size_of(values[fields.items[f + 1]], "_metadata[\"" + prefix.text + "\"]");
+      }
+    }
+    return out;
+  };
+  auto nest = [&](std::unique_ptr<dict_record> flat, const batch_sizes& metadata) {
+    auto root = std::make_unique<dict_record>();
+    if (const auto it = metadata.find(""); it != metadata.end()) root->batch_size = it->second;
+    std::unordered_map<std::string, dict_record*> dicts{{"", root.get()}};            // by prefix
+    std::unordered_map<const dict_record*, std::unordered_set<std::string>> names;  // each dict's keys
+    auto add = [&](dict_record* at, const std::string& prefix, dict_record::entry e) -> dict_record::entry& {
+      if (!names[at].insert(e.key).second)
+        throw file_error("\"" + (prefix.empty() ? e.key : prefix + "." + e.key) +
+                         "\": a TensorDict of the state_dict's _metadata, and a value too");
+      at->entries.push_back(std::move(e));
+      return at->entries.back();
+    };
+    // The recorded TensorDict at `prefix`, made with the recorded ones above it on first use.
+    auto dict_at = [&](auto& self, const std::string& prefix, int depth) -> dict_record* {
+      if (const auto it = dicts.find(prefix); it != dicts.end()) return it->second;
+      if (depth > max_depth) throw file_error("\"" + prefix + "\": TensorDicts nest more than " + std::to_string(max_depth) + " deep");
+      std::string above;
+      for (std::size_t dot = prefix.rfind('.'); dot != std::string::npos && dot > 0; dot = prefix.rfind('.', dot - 1))
+        if (metadata.count(prefix.substr(0, dot))) {
+          above = prefix.substr(0, dot);
+          break;
+        }
+      dict_record* parent = self(self, above, depth + 1);
+      dict_record::entry e;
+      e.key = above.empty() ? prefix : prefix.substr(above.size() + 1);
+      e.dict = std::make_unique<dict_record>();
+      e.dict->batch_size = metadata.at(prefix);
+      dict_record* made = add(parent, above, std::move(e)).dict.get();
+      return dicts[prefix] = made;
+    };
+    for (auto& e : flat->entries) {
+      std::string prefix;
+      for (std::size_t dot = e.key.rfind('.'); dot != std::string::npos && dot > 0; dot = e.key.rfind('.', dot - 1))
+        if (metadata.count(e.key.substr(0, dot))) {
+          prefix = e.key.substr(0, dot);
+          break;
+        }
+      dict_record* at = dict_at(dict_at, prefix, 0);
+      if (!prefix.empty()) e.key = e.key.substr(prefix.size() + 1);
+      add(at, prefix, std::move(e));
+    }
+    for (const auto& [prefix, batch] : metadata) dict_at(dict_at, prefix, 0);
+    return root;
   };
   if (values[graph.root].type != value::kind::dict)
     throw file_error(std::string("the file holds ") +
                      (values[graph.root].type == value::kind::object ? values[graph.root].text : kind_name(values[graph.root].type)) +
                      ", not a dict: save a dict (a state_dict() or a TensorDict's to_dict())");
-  return convert(convert, graph.root, "", 0);
+  auto root = convert(convert, graph.root, "", 0);
+  const auto metadata = tensordict_metadata(graph.root);
+  return metadata.empty() ? std::move(root) : nest(std::move(root), metadata);
 }
 
 }  // namespace tensordict::detail::archive

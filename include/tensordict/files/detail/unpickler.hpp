@@ -47,6 +47,8 @@ struct value {
   std::int64_t offset = 0;
   std::vector<std::int64_t> sizes, strides;
   bool requires_grad = false;
+  // dict: the state a BUILD gave it, plus one (an OrderedDict's {"_metadata": ...}); 0 for none.
+  std::size_t build_state = 0;
 };
 
 inline const char* kind_name(value::kind k) {
@@ -150,6 +152,15 @@ inline unpickled unpickle(std::string_view bytes) {
       t.strides = int_tuple(a[3], "a tensor's strides");
       if (a.size() > 4) t.requires_grad = as_int(a[4], "requires_grad") != 0;
       return make(std::move(t));
+    }
+    if (name == "torch.Size") {  // torch.Size((4, 3)): a tuple of ints, named as Python prints it
+      if (a.size() != 1 || values[a[0]].type != k::tuple) fail("torch.Size with arguments that are not one tuple");
+      value size;
+      size.type = k::tuple;
+      size.text = name;
+      size.items = values[a[0]].items;
+      for (std::size_t item : size.items) as_int(item, "a torch.Size's entry");
+      return make(std::move(size));
     }
     if (name == "torch._utils._rebuild_parameter") {
       if (a.size() < 2 || values[a[0]].type != k::tensor) fail(name + " without a tensor");
@@ -342,7 +353,11 @@ inline unpickled unpickle(std::string_view bytes) {
         stack.push_back(reduce(cls, args));
         break;
       }
-      case 'b': pop(); top(); break;  // BUILD: the state of an OrderedDict (_metadata) or an object is not kept
+      case 'b': {  // BUILD: a dict keeps its state (an OrderedDict's _metadata); an object's is not kept
+        const std::size_t state = pop(), target = top();
+        if (values[target].type == k::dict) values[target].build_state = state + 1;
+        break;
+      }
       case '0': pop(); break;         // POP
       case '2': stack.push_back(top()); break;  // DUP
       case '1': pop_mark(); break;     // POP_MARK
