@@ -1137,6 +1137,80 @@ TEST_CASE("memmap: save_memmap writes tensordict 0.14's layout by default and 0.
   CHECK(back.get({"a%20b"}).equal(at::zeros({2})));
 }
 
+namespace {
+// make.py's @tensorclass TC (its str field "label" aside) and a TensorDict holding one.
+struct TC {
+  at::Tensor obs, reward;
+  TENSORDICT_TENSORCLASS(TC, obs, reward)
+};
+struct Holder {
+  TC tc;
+  at::Tensor x;
+  TENSORDICT_TENSORCLASS(Holder, tc, x)
+};
+
+// The meta.json files under `dir`, by path relative to it, as unordered JSON.
+std::map<std::string, nlohmann::json> metas_under(const std::filesystem::path& dir) {
+  std::map<std::string, nlohmann::json> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.path().filename() == "meta.json")
+      out[std::filesystem::relative(e.path(), dir).string()] = nlohmann::json::parse(bytes_of(e.path()));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("memmap: tensorclasses are written as tensordict 0.7 and later write them", "[files][python_releases]") {
+  const std::string from = fixture("tensordict-v0.7-v0.14/v0.14.0/");
+  temporary_dir out("tensorclass_0_14");
+  // Python's folders without the str field (a C++ tensorclass holds tensors): the same meta.json files.
+  auto python_without_label = [&](const std::string& name) {
+    auto metas = metas_under(from + name);
+    for (auto it = metas.begin(); it != metas.end();) it = it->first.find("label") != std::string::npos ? metas.erase(it) : std::next(it);
+    for (auto& [file, meta] : metas) meta.erase("label");
+    return metas;
+  };
+  // The run-time way: the levels that are tensorclasses named.
+  save_memmap(load_memmap(from + "tensorclass", {.skip_non_tensors = true}), out / "any", {{{}, "__main__.TC"}});
+  CHECK(metas_under(out / "any") == python_without_label("tensorclass"));
+  save_memmap(load_memmap(from + "tensorclass_nested", {.skip_non_tensors = true}), out / "any_nested", {{{"tc"}, "__main__.TC"}});
+  CHECK(metas_under(out / "any_nested") == python_without_label("tensorclass_nested"));
+  CHECK(bytes_of(out / "any_nested/tc/_tensordict/obs.memmap") == bytes_of(from + "tensorclass_nested/tc/_tensordict/obs.memmap"));
+
+  // The typed way: the class names from the types (Holder is one too: Python's TensorDict
+  // holding a TC, in Holder's _tensordict/); without a device, "None" where Python's had "cpu".
+  const TC tc{.obs = release_value({3, 2}, at::kFloat), .reward = release_value({3}, at::kDouble), .batch_size = {3}};
+  save_memmap(Holder{.tc = tc, .x = release_value({3}, at::kFloat, 1), .batch_size = {3}}, out / "typed");
+  std::map<std::string, nlohmann::json> expected{{"meta.json", {{"_type", "<class '__main__.Holder'>"}}}};
+  for (const auto& [file, meta] : python_without_label("tensorclass_nested")) expected["_tensordict/" + file] = meta;
+  auto ours = metas_under(out / "typed");
+  for (auto* metas : {&expected, &ours})
+    for (auto& [file, meta] : *metas)
+      if (meta.contains("device")) meta.erase("device");
+  CHECK(ours == expected);
+  const Holder back = load_memmap<Holder>(out / "typed");
+  CHECK(same(back.tc.obs, tc.obs));
+  CHECK(same(back.tc.reward, tc.reward));
+  CHECK(back.batch_size == std::vector<std::int64_t>{3});
+  // Python's folder into the C++ tensorclass (its str field left out).
+  const TC python = load_memmap<TC>(from + "tensorclass", {.skip_non_tensors = true});
+  CHECK(same(python.obs, tc.obs));
+  CHECK(same(python.reward, tc.reward));
+  save_memmap(tc, out / "tc.tdz", {}, "rl.data");
+  const std::string zip = bytes_of(out / "tc.tdz");
+  for (const auto& member : tensordict::detail::archive::zip_entries(zip, ".tdz"))
+    if (member.name == "meta.json") CHECK(nlohmann::json::parse(zip.substr(member.offset, member.size)) == nlohmann::json{{"_type", "<class 'rl.data.TC'>"}});
+  CHECK(same(load_memmap<TC>(out / "tc.tdz").obs, tc.obs));
+
+  // Refused before anything is written: 0.4's layout, a name Python cannot import, a level that is no TensorDict.
+  const auto any = load_memmap(from + "tensorclass", {.skip_non_tensors = true});
+  CHECK_THROWS_WITH(save_memmap(any, out / "v04", {{{}, "__main__.TC"}}, {.memmap = memmap_layout::v0_4}),
+                    Contains("memmap_layout::v0_4 does not write"));
+  CHECK_THROWS_WITH(save_memmap(any, out / "bad", {{{}, "TC"}}), Contains("not a Python class's \"module.Name\""));
+  CHECK_THROWS_WITH(save_memmap(any, out / "bad", {{{"obs"}, "__main__.TC"}}), Contains("\"obs\"") && Contains("no TensorDict level"));
+  CHECK_FALSE(std::filesystem::exists(out / "v04"));
+  CHECK_FALSE(std::filesystem::exists(out / "bad"));
+}
+
 TEST_CASE("consolidated files, .tdz archives and lazy stacks round-trip in Python's layout", "[files][python_releases]") {
   const std::string from = fixture("tensordict-v0.7-v0.14/v0.14.0/");
   temporary_dir out("formats_0_14");

@@ -18,7 +18,9 @@
 //
 // The macro goes after the members it names, in the struct's public part. It
 // adds the member `batch_size` (last, so designated initializers still work),
-// the schema `schema_t`, and the verbs below; the struct stays an aggregate.
+// the schema `schema_t`, `tensorclass_name` (the class's name as files record it:
+// files/memmap.hpp's save_memmap writes it as Python's @tensorclass of that name)
+// and the verbs below; the struct stays an aggregate.
 // A member left undefined is an unset leaf. A nested struct's own batch_size
 // is not used: the outer one applies to every leaf.
 #pragma once
@@ -134,6 +136,7 @@ T cat(const std::vector<T>& values, std::int64_t dim = 0) {
 // Makes the struct `Name` a tensorclass over the members named after it (see the top of this header).
 #define TENSORDICT_TENSORCLASS(Name, ...)                                                                              \
   std::vector<std::int64_t> batch_size{};                                                                              \
+  static constexpr const char* tensorclass_name = BOOST_PP_STRINGIZE(Name);                                            \
   using schema_t = ::tensordict::schema<BOOST_PP_SEQ_FOR_EACH_I(TENSORDICT_DETAIL_TC_FIELD, ~,                        \
                                                                 BOOST_PP_VARIADIC_TO_SEQ(__VA_ARGS__))>;               \
   auto tensordict_fields() { return std::tie(BOOST_PP_SEQ_FOR_EACH_I(TENSORDICT_DETAIL_TC_MEMBER, ~,                  \

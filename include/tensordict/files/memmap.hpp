@@ -35,6 +35,8 @@
 #include <optional>
 #include <string_view>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -51,6 +53,7 @@
 #include "detail/zip_writer.hpp"
 #include "../errors.hpp"
 #include "../lazy_stack.hpp"
+#include "../tensorclass.hpp"
 #include "options.hpp"
 #include "../typed_tensordict.hpp"
 
@@ -319,9 +322,41 @@ inline void write_non_tensor(const std::filesystem::path& dir, const NonTensor& 
   for (std::int64_t k = 0; k < batch[0]; ++k) write_empty_level(dir / std::to_string(k), batch.slice(1), device);
 }
 
+// The levels of a TensorDict that are Python tensorclasses, by key path ({} the root): the
+// class's Python name, "module.Name" ("__main__.Transition").
+using tensorclass_names = std::map<any_key_path, std::string>;
+
+inline void check_tensorclasses(const AnyTensorDict& td, const tensorclass_names& classes, memmap_layout layout) {
+  for (const auto& [path, name] : classes) {
+    const std::string where = path.empty() ? std::string("the root") : to_string(path);
+    if (layout == memmap_layout::v0_4)
+      throw file_error(where + " is a tensorclass (" + name + "), which memmap_layout::v0_4 does not write (tensordict 0.4 "
+                       "laid tensorclasses out otherwise); write memmap_layout::v0_14, the default (tensordict 0.7 and later)");
+    const std::size_t dot = name.rfind('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 == name.size() || name.find_first_of("'<> ") != std::string::npos)
+      throw file_error(where + ": the tensorclass name \"" + name + "\" is not a Python class's \"module.Name\" "
+                       "(\"__main__.Transition\")");
+    if (!path.empty() && (!td.contains(path) || td.is_leaf(path) || td.is_non_tensor(path)))
+      throw file_error(where + " is named a tensorclass (" + name + ") but is no TensorDict level of the TensorDict saved");
+  }
+}
+
+// A tensorclass's folder, as tensordict 0.7 and later write it: its meta.json names the class,
+// its fields are the TensorDict level in _tensordict/.
+inline std::filesystem::path tensorclass_folder(const std::filesystem::path& dir, const std::string& python_name) {
+  create_new_directory(dir);
+  const nlohmann::ordered_json meta = {{"_type", "<class '" + python_name + "'>"}};
+  const std::string text = meta.dump();
+  write_new_file(dir / "meta.json", text.data(), text.size(), "");
+  return dir / "_tensordict";
+}
+
 // with_data false: each file full size and zero, without writing it (memmap_like).
 inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::path& dir, const nlohmann::ordered_json& device,
-                              bool with_data, memmap_layout layout) {
+                              bool with_data, memmap_layout layout, const tensorclass_names& classes = {},
+                              any_key_path* at = nullptr) {
+  any_key_path root;
+  any_key_path& path = at ? *at : root;
   create_new_directory(dir);
   const auto name_of = [&](const std::string& key) { return layout == memmap_layout::v0_4 ? key : memmap::file_name(key); };
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
@@ -342,8 +377,17 @@ inline void save_memmap_level(const AnyTensorDict& td, const std::filesystem::pa
                     {"dtype", file_dtype_of(t.scalar_type())->torch_name}};
       if (layout == memmap_layout::v0_14) meta[name]["is_nested"] = false;
     } else {
-      save_memmap_level(td.get_tensordict({name}), dir / name_of(name), device, with_data, layout);
-      meta[name] = {{"type", "TensorDict"}};
+      path.push_back(name);
+      const auto tensorclass = classes.find(path);
+      if (tensorclass == classes.end()) {
+        save_memmap_level(td.get_tensordict({name}), dir / name_of(name), device, with_data, layout, classes, &path);
+        meta[name] = {{"type", "TensorDict"}};
+      } else {
+        save_memmap_level(td.get_tensordict({name}), tensorclass_folder(dir / name_of(name), tensorclass->second), device,
+                          with_data, layout, classes, &path);
+        meta[name] = {{"type", tensorclass->second.substr(tensorclass->second.rfind('.') + 1)}};  // Python: the class's __name__
+      }
+      path.pop_back();
     }
   }
   for (const any_key_path& key : td.non_tensor_keys(false)) {
@@ -391,7 +435,8 @@ namespace detail {
 // `stack_dim`: `tds` are a lazy stack's elements, written as Python writes a
 // LazyStackedTensorDict; else `tds` holds the one TensorDict.
 inline void write_memmap_directory(const std::vector<AnyTensorDict>& tds, std::optional<std::int64_t> stack_dim,
-                                   const std::string& dir, const char* verb, bool with_data, bool replace, memmap_layout layout) {
+                                   const std::string& dir, const char* verb, bool with_data, bool replace, memmap_layout layout,
+                                   const tensorclass_names& classes = {}) {
   namespace fs = std::filesystem;
   const std::string where = std::string(verb) + "(\"" + dir + "\"): ";
   if (dir.empty()) throw file_error(where + "the path is empty");
@@ -433,6 +478,7 @@ inline void write_memmap_directory(const std::vector<AnyTensorDict>& tds, std::o
     for (const AnyTensorDict& td : tds) {
       any_key_path path;
       check_memmap_savable(td, path, layout);
+      check_tensorclasses(td, classes, layout);
     }
   } catch (const file_error& e) {
     throw file_error(where + e.what());
@@ -449,7 +495,9 @@ inline void write_memmap_directory(const std::vector<AnyTensorDict>& tds, std::o
     if (!created.empty()) fs::create_directories(target.parent_path());
     const auto device_of = [](const AnyTensorDict& td) -> nlohmann::ordered_json { return td.device() ? td.device()->str() : "None"; };
     if (!stack_dim) {
-      save_memmap_level(tds.front(), partial, device_of(tds.front()), with_data, layout);
+      const auto root = classes.find(any_key_path{});
+      save_memmap_level(tds.front(), root == classes.end() ? partial : tensorclass_folder(partial, root->second),
+                        device_of(tds.front()), with_data, layout, classes);
     } else {
       create_new_directory(partial);
       const nlohmann::ordered_json meta = {{"_type", std::string(memmap::lazy_stack_type)}, {"stack_dim", *stack_dim}};
@@ -491,6 +539,13 @@ inline void write_memmap_directory(const std::vector<AnyTensorDict>& tds, std::o
 // options.memmap: tensordict 0.14's by default, 0.4's on request (files/options.hpp says who reads which).
 TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const save_options& options = {});
 
+// A TensorDict some of whose levels are Python tensorclasses, written as tensordict 0.7
+// and later write them: `tensorclasses` maps each such level's key path ({} for the
+// root) to its class's Python name, "module.Name" ("__main__.Transition"), which
+// Python's TensorDict.load_memmap imports. memmap_layout::v0_4 refuses them.
+TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const std::map<any_key_path, std::string>& tensorclasses,
+                                 const save_options& options = {});
+
 // Python's td.memmap_like(dir): a memmap directory with `like`'s keys,
 // shapes, dtypes and batch size, whose files are full size and zero without
 // being written (sparse where the file system allows), loaded shared
@@ -531,6 +586,49 @@ TensorDict<S> load_memmap(const std::string& dir, const TensorDict<S>& like, con
   });
 }
 
+namespace detail {
+// The Python names of a tensorclass and of the tensorclasses among its members, by key path.
+template <tensorclass_type T>
+void collect_tensorclass_names(tensorclass_names& out, any_key_path& path, const std::string& module) {
+  out[path] = module + "." + T::tensorclass_name;
+  const T probe{};
+  std::size_t index = 0;
+  std::apply(
+      [&](const auto&... member) {
+        (
+            [&](const auto& m) {
+              using M = std::remove_cvref_t<decltype(m)>;
+              if constexpr (!std::is_same_v<M, at::Tensor>) {
+                path.emplace_back(T::schema_t::names[index]);
+                collect_tensorclass_names<M>(out, path, module);
+                path.pop_back();
+              }
+              ++index;
+            }(member),
+            ...);
+      },
+      probe.tensordict_fields());
+}
+}  // namespace detail
+
+// A tensorclass (tensorclass.hpp) as Python writes an instance of the @tensorclass of the
+// same name in `python_module` ("__main__" where the Python program defines it): its
+// nested tensorclasses too. load_memmap<T> reads it back, and Python's TensorDict.load_memmap.
+template <tensorclass_type T>
+void save_memmap(const T& value, const std::string& dir, const save_options& options = {}, const std::string& python_module = "__main__") {
+  detail::tensorclass_names classes;
+  any_key_path path;
+  detail::collect_tensorclass_names<T>(classes, path, python_module);
+  save_memmap(AnyTensorDict(value.to_tensordict()), dir, classes, options);
+}
+
+// A tensorclass's folder (Python's, or save_memmap's above) as T, its fields by name
+// (a folder of the TensorDict of T's fields loads too).
+template <tensorclass_type T>
+T load_memmap(const std::string& dir, const load_options& options = {}) {
+  return T::from_tensordict(load_memmap<typename T::schema_t>(dir, options));
+}
+
 // As memmap_like, typed as `like`.
 template <schema_type S>
 TensorDict<S> memmap_like(const TensorDict<S>& like, const std::string& dir, const save_options& options = {}) {
@@ -568,6 +666,12 @@ TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, const load_opt
 TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const save_options& options) {
   detail::write_memmap_directory({td}, std::nullopt, dir, "tensordict::save_memmap", /*with_data=*/true, /*replace=*/true,
                                  options.memmap);
+}
+
+TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const std::map<any_key_path, std::string>& tensorclasses,
+                                 const save_options& options) {
+  detail::write_memmap_directory({td}, std::nullopt, dir, "tensordict::save_memmap", /*with_data=*/true, /*replace=*/true,
+                                 options.memmap, tensorclasses);
 }
 
 TENSORDICT_DECL void save_memmap(const LazyStackedTensorDict<AnyTensorDict>& stack, const std::string& dir, const save_options& options) {
