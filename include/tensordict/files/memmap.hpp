@@ -163,12 +163,18 @@ inline std::string entry_path(const memmap_source& src, const std::string& dir, 
   return there(second) ? second : encoded_path;
 }
 
+// The levels of a TensorDict that are Python tensorclasses, by key path ({} the root): the
+// class's Python name, "module.Name" ("__main__.Transition").
+using tensorclass_names = std::map<any_key_path, std::string>;
+
+// `classes`, where given, receives the tensorclasses met (not those inside a lazy stack's elements).
 inline AnyTensorDict load_memmap_node(const memmap_source& src, const std::string& dir, any_key_path& path,
-                                      const load_options& options, c10::IntArrayRef enclosing = {});
+                                      const load_options& options, c10::IntArrayRef enclosing = {},
+                                      tensorclass_names* classes = nullptr);
 
 // Loads a level's entries into `out`, a view of that level (whose batch size is the level's).
 inline void load_memmap_level(AnyTensorDict& out, const memmap_source& src, const std::string& dir, const memmap::level& level,
-                              any_key_path& path, const load_options& options) {
+                              any_key_path& path, const load_options& options, tensorclass_names* classes) {
   const std::string where = src.where(joined(dir, "meta.json"));
   for (const auto& e : level.entries) {
     path.push_back(e.name);
@@ -189,7 +195,7 @@ inline void load_memmap_level(AnyTensorDict& out, const memmap_source& src, cons
       if (!src.has_folder(sub))
         throw file_error(where + " names the " + (e.other.empty() ? "TensorDict" : e.other) + " \"" + e.name + "\", but " +
                          src.where(sub) + " is not a directory");
-      AnyTensorDict child = load_memmap_node(src, sub, path, options, out.batch_size());
+      AnyTensorDict child = load_memmap_node(src, sub, path, options, out.batch_size(), classes);
       // Each level has its batch size (Python's nested TensorDicts may add dims), starting with its parent's.
       if (!starts_with(child.batch_size(), out.batch_size()))
         throw file_error(src.where(joined(sub, "meta.json")) + ": the batch size " + format_sizes(child.batch_size()) +
@@ -213,7 +219,7 @@ inline void load_memmap_level(AnyTensorDict& out, const memmap_source& src, cons
 // TensorDict of its fields).
 // `enclosing`: the batch size a nested level's must start with, checked before its files are read.
 inline AnyTensorDict load_memmap_node(const memmap_source& src, const std::string& dir, any_key_path& path,
-                                      const load_options& options, c10::IntArrayRef enclosing) {
+                                      const load_options& options, c10::IntArrayRef enclosing, tensorclass_names* classes) {
   const std::string meta = joined(dir, "meta.json");
   const std::string where = src.where(meta);
   const std::string text = src.read(meta);
@@ -222,7 +228,8 @@ inline AnyTensorDict load_memmap_node(const memmap_source& src, const std::strin
     if (!src.has_folder(joined(dir, "_tensordict")))
       throw file_error(where + " holds a " + node.class_name + " without a _tensordict folder (tensordict 0.7 and later "
                        "write a tensorclass's fields there), which this library does not read");
-    return load_memmap_node(src, joined(dir, "_tensordict"), path, options, enclosing);
+    if (classes) (*classes)[path] = node.qualified_name;
+    return load_memmap_node(src, joined(dir, "_tensordict"), path, options, enclosing, classes);
   }
   if (node.type == memmap::node::kind::lazy_stack) {
     if (options.memory == load_memory::shared)
@@ -251,7 +258,7 @@ inline AnyTensorDict load_memmap_node(const memmap_source& src, const std::strin
   std::optional<at::Device> device;
   if (level.device && *level.device == "cpu") device = at::Device(at::kCPU);
   AnyTensorDict out(level.batch_size, device);
-  load_memmap_level(out, src, dir, level, path, options);
+  load_memmap_level(out, src, dir, level, path, options, classes);
   return out;
 }
 
@@ -321,10 +328,6 @@ inline void write_non_tensor(const std::filesystem::path& dir, const NonTensor& 
   if (!v.is_stack()) return write_empty_level(dir / "_tensordict", batch, device);
   for (std::int64_t k = 0; k < batch[0]; ++k) write_empty_level(dir / std::to_string(k), batch.slice(1), device);
 }
-
-// The levels of a TensorDict that are Python tensorclasses, by key path ({} the root): the
-// class's Python name, "module.Name" ("__main__.Transition").
-using tensorclass_names = std::map<any_key_path, std::string>;
 
 inline void check_tensorclasses(const AnyTensorDict& td, const tensorclass_names& classes, memmap_layout layout) {
   for (const auto& [path, name] : classes) {
@@ -539,6 +542,12 @@ inline void write_memmap_directory(const std::vector<AnyTensorDict>& tds, std::o
 // options.memmap: tensordict 0.14's by default, 0.4's on request (files/options.hpp says who reads which).
 TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const save_options& options = {});
 
+// As load_memmap, and `tensorclasses` receives the levels that are Python tensorclasses
+// (their fields are the level's TensorDict), by key path ({} for the root), with the
+// class's Python name ("__main__.TC"): save_memmap(td, dir, tensorclasses) writes them so again.
+TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, std::map<any_key_path, std::string>& tensorclasses,
+                                          const load_options& options = {});
+
 // A TensorDict some of whose levels are Python tensorclasses, written as tensordict 0.7
 // and later write them: `tensorclasses` maps each such level's key path ({} for the
 // root) to its class's Python name, "module.Name" ("__main__.Transition"), which
@@ -646,6 +655,13 @@ TensorDict<S> memmap_like(const TensorDict<S>& like, const std::string& dir, con
 namespace tensordict {
 
 TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, const load_options& options) {
+  std::map<any_key_path, std::string> tensorclasses;
+  return load_memmap(dir, tensorclasses, options);
+}
+
+TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, std::map<any_key_path, std::string>& tensorclasses,
+                                          const load_options& options) {
+  tensorclasses.clear();
   return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
     std::error_code ec;
     const bool folder = std::filesystem::is_directory(dir, ec);
@@ -656,7 +672,7 @@ TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, const load_opt
     const detail::memmap_source src = folder ? detail::memmap_source::folder(dir)
                                              : detail::memmap_source::archive(dir, options.memory.value_or(load_memory::mapped));
     any_key_path path;
-    AnyTensorDict out = detail::load_memmap_node(src, "", path, options);
+    AnyTensorDict out = detail::load_memmap_node(src, "", path, options, {}, &tensorclasses);
     out = detail::with_loaded_batch(std::move(out), options);
     if (options.memory == load_memory::shared) out.lock_();  // a replaced leaf would no longer reach its file
     return out;

@@ -173,6 +173,7 @@ struct node {
   kind type = kind::tensordict;
   std::int64_t stack_dim = 0;
   std::string class_name;  // tensorclass: "TC" of "<class '__main__.TC'>"
+  std::string qualified_name;  // and "__main__.TC"
 };
 
 inline node parse_node(std::string_view text, const std::string& where) {
@@ -200,6 +201,7 @@ inline node parse_node(std::string_view text, const std::string& where) {
   out.type = node::kind::tensorclass;
   const std::string qualified = t.substr(8, t.size() - 10);
   out.class_name = qualified.substr(qualified.rfind('.') == std::string::npos ? 0 : qualified.rfind('.') + 1);
+  out.qualified_name = qualified;
   return out;
 }
 
