@@ -14,12 +14,14 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/arange.h>
 
 #include <tensordict/files/torch_save.hpp>
 #include <tensordict/functional.hpp>
 #include <tensordict/files/memmap.hpp>
 #include <tensordict/files/safetensors.hpp>
 #include <tensordict/vmap.hpp>
+#include <tensordict/data/replay_buffer.hpp>
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
@@ -193,4 +195,36 @@ TEST_CASE("saves replace a file keeping its mode, write through symbolic links, 
   const auto raced_dir = load_memmap(dir / "raced");
   CHECK(((raced_dir == one).all() || (raced_dir == two).all()));
   CHECK(debris(dir.path).empty());
+}
+
+TEST_CASE("a collector thread extends a replay buffer while the learner samples and updates priorities", "[threads]") {
+  // TorchRL's pattern: the buffer's lock orders extend, sample and update_priority; rows are
+  // never seen half written (each row's columns hold the same transition number).
+  const temporary_dir dir("threads_replay_buffer");
+  namespace data = tensordict::data;
+  data::ReplayBuffer buffer(data::LazyMemmapStorage(64, dir / "buffer"), data::PrioritizedSampler(64, 0.6, 0.4),
+                            {.batch_size = 16});
+  auto transitions = [](std::int64_t first, std::int64_t n) {
+    const at::Tensor id = at::arange(first, first + n, at::kLong);
+    AnyTensorDict td({n});
+    td.set({"obs"}, id.to(at::kFloat).unsqueeze(1).expand({n, 8}).contiguous());
+    td.set({"action"}, id.clone());
+    return td;
+  };
+  buffer.extend(transitions(0, 4));
+  constexpr std::int64_t batches = 200, per_batch = 3;
+  std::thread collector([&] {
+    for (std::int64_t b = 0; b < batches; ++b) buffer.extend(transitions(4 + b * per_batch, per_batch));
+  });
+  bool consistent = true;
+  for (int step = 0; step < 200; ++step) {
+    AnyTensorDict batch = buffer.sample();
+    consistent = consistent && batch.get({"obs"}).select(1, 7).to(at::kLong).equal(batch.get({"action"}));
+    batch.set({"td_error"}, at::rand({16}) + 0.1);
+    buffer.update_tensordict_priority(batch);
+  }
+  collector.join();
+  CHECK(consistent);
+  CHECK(buffer.write_count() == 4 + batches * per_batch);
+  CHECK(buffer.size() == 64);
 }
