@@ -251,6 +251,9 @@ int main(int argc, char** argv) {
   if (!options) return dist::launch_local(2, argv, std::chrono::seconds(240));  // the launcher
   options->timeout = std::chrono::seconds(20);
   the_group = dist::make_process_group(*options);
+  // Every rank's group is made before any test runs: the [dies] test's rank 1 exits at once, and
+  // rank 0, still in its connection handshake then, failed in make_process_group (a CI run).
+  the_group->barrier()->wait();
   torch::manual_seed(0);
   const int failed = Catch::Session().run(argc, argv);
   the_group.reset();
