@@ -22,6 +22,7 @@
 #include <tensordict/files/safetensors.hpp>
 #include <tensordict/vmap.hpp>
 #include <tensordict/data/replay_buffer.hpp>
+#include <tensordict/threads.hpp>
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
@@ -227,4 +228,20 @@ TEST_CASE("a collector thread extends a replay buffer while the learner samples 
   CHECK(consistent);
   CHECK(buffer.write_count() == 4 + batches * per_batch);
   CHECK(buffer.size() == 64);
+}
+
+TEST_CASE("set_num_threads sets libtorch's intra-op threads and OpenBLAS's", "[threads]") {
+  const int before = at::get_num_threads(), blas_before = tensordict::blas_num_threads();
+  tensordict::set_num_threads(1);
+  CHECK(at::get_num_threads() == 1);
+  // 0: the BLAS libblas.so.3 points to is not OpenBLAS (the reference BLAS has no threads).
+  CHECK(tensordict::blas_num_threads() <= 1);
+  if (blas_before > 0) {
+    tensordict::set_num_threads(2);
+    CHECK(tensordict::blas_num_threads() == 2);
+  }
+  CHECK_THROWS_WITH(tensordict::set_num_threads(0), test::Contains("at least 1, got 0"));
+  CHECK(at::get_num_threads() == (blas_before > 0 ? 2 : 1));  // a refused call changes nothing
+  tensordict::set_num_threads(before);
+  if (blas_before > 0) CHECK(tensordict::blas_num_threads() == before);
 }
