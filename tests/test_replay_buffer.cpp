@@ -108,6 +108,40 @@ TEST_CASE("replay buffer: a lazy storage allocated by the first write, rows writ
   CHECK_FALSE(buffer.storage().tensordict().contains({"index"}));
 }
 
+TEST_CASE("replay buffer: a sample's rows are the storage's rows at its index, whatever the leaves' layout", "[replay_buffer]") {
+  // Leaves of every kind the row copies meet: nested, multi-dim, bool, half, a nested level with a
+  // dim of its own, a transposed (non-contiguous) leaf, and non-tensor data (those go through index).
+  auto make = [](bool transposed, bool with_string) {
+    AnyTensorDict td({40});
+    td.set({"obs"}, at::randn({40, 3, 2}));
+    td.set({"done"}, at::rand({40, 1}).gt(0.5));
+    td.set({"half"}, at::randn({40, 5}).to(at::kHalf));
+    td.set({"next", "reward"}, at::randn({40, 1}, at::kDouble));
+    AnyTensorDict agents({40, 2});
+    agents.set({"action"}, at::randint(0, 9, {40, 2, 4}, at::kLong));
+    td.set({"agents"}, agents);
+    if (transposed) td.set({"t"}, at::randn({6, 40}).t());
+    if (with_string) td.set_non_tensor({"tag"}, NonTensor(std::string("episode")));
+    return td;
+  };
+  for (const bool transposed : {false, true})
+    for (const bool with_string : {false, true}) {
+      const AnyTensorDict all = make(transposed, with_string);
+      data::ReplayBuffer buffer(data::TensorStorage(all.clone()));
+      buffer.extend(all);
+      const AnyTensorDict batch = buffer.sample(64);
+      const at::Tensor index = batch.get({"index"});
+      const AnyTensorDict expected = buffer.storage().tensordict().index({index});
+      CHECK(batch.batch_size() == c10::IntArrayRef{64});
+      CHECK(batch.get_tensordict({"agents"}).batch_size() == c10::IntArrayRef{64, 2});
+      CHECK((batch.exclude({{"index"}}) == expected).all());
+      for (const auto& [path, leaf] : expected.items(true, true))
+        CHECK(std::get<at::Tensor>(leaf).scalar_type() == batch.get(path).scalar_type());
+      CHECK(batch.get({"obs"}).data_ptr() != buffer.storage().tensordict().get({"obs"}).data_ptr());
+      if (with_string) CHECK(batch.get_non_tensor<std::string>({"tag"}) == "episode");
+    }
+}
+
 TEST_CASE("replay buffer: a failed write changes nothing; errors name the key and the fix", "[replay_buffer]") {
   data::ReplayBuffer buffer(data::LazyTensorStorage(4), data::RandomSampler(), {.batch_size = 2});
   CHECK_THROWS_WITH(buffer.sample(), Contains("holds nothing yet"));
