@@ -29,27 +29,16 @@
 #include <tensordict/data/replay_buffer.hpp>
 #include <tensordict/threads.hpp>
 
+#include "transitions.hpp"
+
 namespace td = tensordict;
 namespace data = tensordict::data;
 
 namespace {
 
-constexpr std::int64_t obs_dim = 64;
-
-td::AnyTensorDict transitions(std::int64_t n) {
-  return td::AnyTensorDict({{"obs", at::randn({n, obs_dim})},
-                            {"action", at::randint(0, 4, {n}, at::kLong)},
-                            {"reward", at::randn({n})},
-                            {"done", at::zeros({n}, at::kBool)},
-                            {{"next", "obs"}, at::randn({n, obs_dim})}},
-                           {n});
-}
-
-std::int64_t row_bytes(const td::AnyTensorDict& batch) {
-  std::int64_t n = 0;
-  for (const auto& [path, t] : batch.items(true, true)) n += std::get<at::Tensor>(t).nbytes() / batch.batch_size()[0];
-  return n;
-}
+using bench::leaves;
+using bench::row_bytes;
+using bench::transitions;
 
 // Median seconds per call of each f, taking turns, `calls` calls a turn.
 std::vector<double> median_seconds(int calls, const std::vector<std::function<void()>>& fs) {
@@ -65,13 +54,6 @@ std::vector<double> median_seconds(int calls, const std::vector<std::function<vo
     std::sort(t.begin(), t.end());
     out.push_back(t[t.size() / 2]);
   }
-  return out;
-}
-
-// The storage's leaves and a batch's, in the same order.
-std::vector<at::Tensor> leaves(const td::AnyTensorDict& tree) {
-  std::vector<at::Tensor> out;
-  for (const auto& [path, t] : tree.items(true, true)) out.push_back(std::get<at::Tensor>(t));
   return out;
 }
 

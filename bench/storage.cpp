@@ -30,27 +30,16 @@
 #include <tensordict/files/memmap.hpp>
 #include <tensordict/preallocate.hpp>
 
+#include "transitions.hpp"
+
 namespace td = tensordict;
 using at::indexing::Slice;
 
 namespace {
 
-constexpr std::int64_t capacity = 1 << 16, obs_dim = 64;
-
-td::AnyTensorDict transitions(std::int64_t n) {
-  return td::AnyTensorDict({{"obs", at::randn({n, obs_dim})},
-                            {"action", at::randint(0, 4, {n}, at::kLong)},
-                            {"reward", at::randn({n})},
-                            {"done", at::zeros({n}, at::kBool)},
-                            {{"next", "obs"}, at::randn({n, obs_dim})}},
-                           {n});
-}
-
-std::int64_t row_bytes(const td::AnyTensorDict& batch) {
-  std::int64_t n = 0;
-  for (const auto& t : batch.values()) n += t.nbytes() / batch.batch_size()[0];
-  return n;
-}
+constexpr std::int64_t capacity = 1 << 16;
+using bench::row_bytes;
+using bench::transitions;
 
 // Median seconds per call of each write(cursor), the cursor walking the
 // buffer batch by batch; the writes take turns, a pass over the buffer each.
