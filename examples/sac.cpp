@@ -18,25 +18,35 @@
 //   --out       where the curve, checkpoint and buffer go (default: a temporary folder, removed)
 //   --min-gain  exit 1 unless the last evaluation beats the random policy's by G (default 0)
 //   --lr        Adam's learning rate for actor, critics and alpha (default 1e-3); --seed S: torch's seed (0)
+//   --bench N   after the random frames, N updates timed alone: microseconds per update, its GEMM FLOPs
+//               against at::linear's rate on the same sizes, and the ATen ops it dispatches
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <numbers>
 #include <string>
+#include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/remainder.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
@@ -124,6 +134,35 @@ at::Tensor actor_actions(actor_t& actor, const at::Tensor& observation) {
   return actor(td::TensorDict<observations>({observation}, {observation.size(0)})).get<"action">();
 }
 
+// The ATen ops one call of f dispatches, an op's own inner ops not counted again; its backward's count.
+std::int64_t ops_of(const std::function<void()>& f) {
+  static std::atomic<std::int64_t> seen{0};
+  static thread_local int depth = 0;
+  seen = 0;
+  const auto handle = at::addGlobalCallback(at::RecordFunctionCallback(
+                                                [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+                                                  if (depth++ == 0) ++seen;
+                                                  return nullptr;
+                                                },
+                                                [](const at::RecordFunction&, at::ObserverContext*) { --depth; })
+                                                .scopes({at::RecordScope::FUNCTION}));
+  f();
+  at::removeCallback(handle);
+  return seen;
+}
+
+// Median seconds per call of f over 7 rounds of `calls` calls.
+double median_seconds(const std::function<void()>& f, std::int64_t calls) {
+  std::vector<double> rounds;
+  for (int round = 0; round < 7; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    for (std::int64_t c = 0; c < calls; ++c) f();
+    rounds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls);
+  }
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[3];
+}
+
 struct options {
   std::int64_t frames = 20000;
   std::int64_t envs = 4;                    // pendulums stepped side by side
@@ -133,6 +172,7 @@ struct options {
   double gamma = 0.99, tau = 0.005, lr = 1e-3;
   double min_gain = 0;
   std::int64_t seed = 0;
+  std::int64_t bench_updates = 0;  // > 0: time that many updates after the random frames, print, stop
   std::filesystem::path out;
 };
 
@@ -145,8 +185,9 @@ options parse(int argc, char** argv) {
     else if (flag == "--min-gain") o.min_gain = std::stod(value);
     else if (flag == "--lr") o.lr = std::stod(value);
     else if (flag == "--seed") o.seed = std::stoll(value);
+    else if (flag == "--bench") o.bench_updates = std::stoll(value);
     else {
-      std::fprintf(stderr, "unknown option %s (options: --frames N, --out DIR, --min-gain G, --lr LR, --seed S)\n", flag.c_str());
+      std::fprintf(stderr, "unknown option %s (options: --frames N, --out DIR, --min-gain G, --lr LR, --seed S, --bench N)\n", flag.c_str());
       std::exit(2);
     }
   }
@@ -155,6 +196,32 @@ options parse(int argc, char** argv) {
     std::exit(2);
   }
   return o;
+}
+
+// Multiply-adds per row of an MLP in -> 64 -> 64 -> out, and of its first layer.
+constexpr std::int64_t mlp_macs(std::int64_t in, std::int64_t out) { return in * 64 + 64 * 64 + 64 * out; }
+
+// --bench: the update alone, against the FLOP time of its GEMMs at at::linear's rate on a 64x64 layer.
+template <class Update>
+void bench_updates(Update& update, const options& o) {
+  for (int k = 0; k < 20; ++k) update();  // warm: the optimizers' state, the allocator's blocks
+  const std::int64_t ops = ops_of(update);
+  const double seconds = median_seconds(update, std::max<std::int64_t>(o.bench_updates / 7, 1));
+  // Per row: the next actions and the target critics (forward); the critics (forward, then
+  // weight and input gradients but the first layer's input); the actor's action through the
+  // critics (forward, input gradients all through the critics) and the actor's backward.
+  const std::int64_t actor = mlp_macs(3, 2), critic = mlp_macs(4, 1);
+  const std::int64_t macs = actor + 2 * critic                      // target
+                            + 2 * critic + 2 * (2 * critic - 4 * 64)  // critics' loss
+                            + actor + 2 * critic + 2 * critic + (2 * actor - 3 * 64);  // actor's loss
+  const double flops = 2.0 * static_cast<double>(macs) * static_cast<double>(o.batch);
+  const at::Tensor x = at::randn({o.batch, 64}), w = at::randn({64, 64}), b = at::randn({64});
+  const double linear = median_seconds([&] { (void)at::linear(x, w, b); }, 2000);
+  const double linear_gflops = 2.0 * static_cast<double>(o.batch) * 64 * 64 / linear / 1e9;
+  std::printf("sac_update batch=%lld threads=%d update_us=%.1f flops=%.1fM linear_gflops=%.1f flop_time_ratio=%.1f ops=%lld "
+              "us_per_op=%.2f\n",
+              static_cast<long long>(o.batch), at::get_num_threads(), 1e6 * seconds, flops / 1e6, linear_gflops,
+              seconds / (flops / (linear_gflops * 1e9)), static_cast<long long>(ops), 1e6 * seconds / static_cast<double>(ops));
 }
 
 int main(int argc, char** argv) {
@@ -279,6 +346,7 @@ int main(int argc, char** argv) {
       env = pendulum::random_start(o.envs);
       episode_return.zero_();
     }
+    if (o.bench_updates > 0 && frames >= o.random_frames) break;
     if (frames >= o.random_frames)
       for (std::int64_t k = 0; k < o.envs; ++k, ++updates) update();  // one update per frame
 
@@ -295,6 +363,11 @@ int main(int argc, char** argv) {
     }
   }
   curve.close();
+  if (o.bench_updates > 0) {
+    bench_updates(update, o);
+    if (temporary) std::filesystem::remove_all(o.out);
+    return 0;
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("trained: %lld frames, %lld updates in %.1f s (%.0f us an update with its frame); evaluation return %.1f "
               "(random policy %.1f)\n",
