@@ -56,6 +56,10 @@
 #include <tensordict/data/replay_buffer.hpp>
 #include <tensordict/files/memmap.hpp>
 #include <tensordict/from_module.hpp>
+#include <tensordict/nn/adapters/activation.hpp>
+#include <tensordict/nn/adapters/linear.hpp>
+#include <tensordict/nn/distribution_params.hpp>
+#include <tensordict/nn/sequential.hpp>
 #include <tensordict/nn/probabilistic.hpp>
 #include <tensordict/nn/tensordict_sequential.hpp>
 #include <tensordict/objectives/target_updates.hpp>
