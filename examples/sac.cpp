@@ -52,7 +52,6 @@
 #include <ATen/ops/zeros.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/adam.h>
 #include <tensordict/data/replay_buffer.hpp>
 #include <tensordict/files/memmap.hpp>
 #include <tensordict/from_module.hpp>
@@ -63,6 +62,7 @@
 #include <tensordict/nn/probabilistic.hpp>
 #include <tensordict/nn/tensordict_sequential.hpp>
 #include <tensordict/objectives/target_updates.hpp>
+#include <tensordict/optim/adam.hpp>
 #include <tensordict/threads.hpp>
 #include <tensordict/to_module.hpp>
 
@@ -247,9 +247,10 @@ int main(int argc, char** argv) {
   const at::Tensor log_alpha = at::zeros({1}).requires_grad_();
   const double target_entropy = -1;  // minus the action's dims
 
-  torch::optim::Adam actor_adam(actor->parameters(), torch::optim::AdamOptions(o.lr));
-  torch::optim::Adam critic_adam(critics->parameters(), torch::optim::AdamOptions(o.lr));
-  torch::optim::Adam alpha_adam({log_alpha}, torch::optim::AdamOptions(o.lr));
+  // torch.optim.Adam's update, one pass per parameter (torch::optim::Adam: 7 ATen ops per parameter).
+  td::optim::Adam actor_adam(actor->parameters(), {.lr = o.lr});
+  td::optim::Adam critic_adam(critics->parameters(), {.lr = o.lr});
+  td::optim::Adam alpha_adam({log_alpha}, {.lr = o.lr});
 
   data::ReplayBuffer buffer(data::LazyMemmapStorage(o.frames, (o.out / "buffer" / "storage").string()), data::RandomSampler(),
                             {.batch_size = o.batch});
