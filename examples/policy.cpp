@@ -15,6 +15,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <tensordict/tensordict.hpp>
+#include <tensordict/threads.hpp>
 
 namespace td = tensordict;
 namespace tdn = tensordict::nn;
@@ -71,7 +72,7 @@ double evaluate(actor_t& actor, const at::Tensor& start, const at::Tensor& targe
 
 int main() {
   torch::manual_seed(0);
-  at::set_num_threads(1);  // ops on [128, 64] tensors: a second thread costs more than it gives
+  td::set_num_threads(1);  // ops on [128, 64] tensors: a second thread (libtorch's or OpenBLAS's) costs more than it gives
   actor_t actor(actor_net(make_mlp(4, 4)), extractor(tdn::NormalParamExtractor()), action_head());
   tdn::EnsembleModule<critic_t> critics(critic_t(make_mlp(6, 1)), 4);
   torch::optim::Adam actor_adam(actor->parameters(), torch::optim::AdamOptions(3e-3));

@@ -91,7 +91,8 @@ using observations = td::schema<td::leaf<"observation">>;
 using critic_input = td::schema<td::leaf<"observation_action">>;
 // A transition as TorchRL's collectors write it: what follows the action under "next".
 using transition = td::schema<td::leaf<"observation">, td::leaf<"action">,
-                              td::node<"next", td::leaf<"observation">, td::leaf<"reward">, td::leaf<"done">, td::leaf<"terminated">>>;
+                              td::node<"next", td::leaf<"observation">, td::leaf<"reward">, td::leaf<"done">, td::leaf<"terminated">,
+                                       td::leaf<"truncated">>>;
 
 // gym's Pendulum-v1 for n pendulums; every episode starts and ends together.
 struct pendulum {
@@ -344,7 +345,8 @@ int main(int argc, char** argv) {
     buffer.extend(td::make<transition>({o.envs}, td::kv<"observation">(observation), td::kv<"action">(action),
                                              td::kv<"next", "observation">(env.observation()),
                                              td::kv<"next", "reward">(reward.unsqueeze(-1)), td::kv<"next", "done">(done),
-                                             td::kv<"next", "terminated">(at::zeros({o.envs, 1}, at::kBool))));
+                                             td::kv<"next", "terminated">(at::zeros({o.envs, 1}, at::kBool)),
+                                             td::kv<"next", "truncated">(done)));  // gym's TimeLimit: truncated, never terminated
     frames += o.envs;
     if (env.episode_over()) {
       recent_return = episode_return.mean().item<double>();
