@@ -20,6 +20,7 @@
 //   --lr        Adam's learning rate for actor, critics and alpha (default 1e-3); --seed S: torch's seed (0)
 //   --bench N   after the random frames, N updates timed alone: microseconds per update, its GEMM FLOPs
 //               against at::linear's rate on the same sizes, and the ATen ops it dispatches
+//   --threads T libtorch's and OpenBLAS's threads (default 1)
 #include <unistd.h>
 
 #include <algorithm>
@@ -178,6 +179,7 @@ struct options {
   double min_gain = 0;
   std::int64_t seed = 0;
   std::int64_t bench_updates = 0;  // > 0: time that many updates after the random frames, print, stop
+  int threads = 1;
   std::filesystem::path out;
 };
 
@@ -191,8 +193,9 @@ options parse(int argc, char** argv) {
     else if (flag == "--lr") o.lr = std::stod(value);
     else if (flag == "--seed") o.seed = std::stoll(value);
     else if (flag == "--bench") o.bench_updates = std::stoll(value);
+    else if (flag == "--threads") o.threads = std::stoi(value);
     else {
-      std::fprintf(stderr, "unknown option %s (options: --frames N, --out DIR, --min-gain G, --lr LR, --seed S, --bench N)\n", flag.c_str());
+      std::fprintf(stderr, "unknown option %s (options: --frames N, --out DIR, --min-gain G, --lr LR, --seed S, --bench N, --threads T)\n", flag.c_str());
       std::exit(2);
     }
   }
@@ -236,8 +239,8 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(o.out);
   std::filesystem::create_directories(o.out);
   torch::manual_seed(static_cast<std::uint64_t>(o.seed));
-  // libtorch's and OpenBLAS's threads: batch 256 and 64 units gain nothing from a second one.
-  td::set_num_threads(1);
+  // libtorch's and OpenBLAS's threads: batch 256 and 64 units gain little from a second one.
+  td::set_num_threads(o.threads);
 
   actor_t actor(actor_net(make_mlp(3, 2)), extractor(tdn::NormalParamExtractor()),
                 action_head({.distribution = {.low = -pendulum::max_torque, .high = pendulum::max_torque}}));
