@@ -259,15 +259,16 @@ int main(int argc, char** argv) {
   data::ReplayBuffer buffer(data::LazyMemmapStorage(o.frames, (o.out / "buffer" / "storage").string()), data::RandomSampler(),
                             {.batch_size = o.batch});
 
-  // The Q-values [2, batch, 1] of both critics for `params` (the online ones or the targets).
+  // The Q-values [2, batch, 1] of both critics for `params`: the online ones (what
+  // critics->forward computes), detached ones, or the targets.
   auto q_values = [&](const auto& params, const at::Tensor& observation, const at::Tensor& action) {
     const td::TensorDict<critic_input> input({at::cat({observation, action}, -1)}, {observation.size(0)});
     return tdn::functional_vmap(critics->module, params, input).template get<"state_action_value">();
   };
 
-  struct losses {
-    double actor = 0, critic = 0, alpha = 0;
-  } last;
+  // The last update's losses, read (one sync each) only when a report prints them.
+  at::Tensor last_actor_loss, last_critic_loss;
+  auto value_of = [](const at::Tensor& loss) { return loss.defined() ? loss.item<double>() : 0.0; };
   auto update = [&] {
     const auto batch = buffer.sample<transition>();
     const at::Tensor observation = batch.get<"observation">(), action = batch.get<"action">();
@@ -284,12 +285,8 @@ int main(int argc, char** argv) {
       target = batch.get<"next", "reward">() +
                o.gamma * not_terminated * (next_q - alpha * next.get<"sample_log_prob">().unsqueeze(-1));
     }
-    const at::Tensor critic_loss = 0.5 * (critics->forward(td::TensorDict<critic_input>({at::cat({observation, action}, -1)}, {o.batch}))
-                                              .get<"state_action_value">() -
-                                          target)
-                                             .pow(2)
-                                             .mean({1, 2})
-                                             .sum();
+    const at::Tensor critic_loss =
+        0.5 * (q_values(critics->params_td->tensordict(), observation, action) - target).pow(2).mean({1, 2}).sum();
 
     // Actor: the smaller Q of its own reparameterized action, minus alpha log pi; the
     // critics' parameters detached so that this loss moves the actor alone.
@@ -307,7 +304,8 @@ int main(int argc, char** argv) {
     actor_adam.step();
     alpha_adam.step();
     target_update.step();
-    last = {actor_loss.item<double>(), critic_loss.item<double>(), alpha_loss.item<double>()};
+    last_actor_loss = actor_loss.detach();
+    last_critic_loss = critic_loss.detach();
   };
 
   auto policy = [&](const at::Tensor& observation) {
@@ -368,7 +366,7 @@ int main(int argc, char** argv) {
                    terminal ? "\r" : "", static_cast<long long>(frames), static_cast<long long>(o.frames), updates / seconds,
                    recent_return, eval_return, log_alpha.exp().item<double>(), terminal && !report ? "" : "\n");
       if (report)
-        curve << frames << ',' << updates << ',' << recent_return << ',' << eval_return << ',' << last.critic << ',' << last.actor
+        curve << frames << ',' << updates << ',' << recent_return << ',' << eval_return << ',' << value_of(last_critic_loss) << ',' << value_of(last_actor_loss)
               << ',' << log_alpha.exp().item<double>() << '\n';
     }
   }
