@@ -36,7 +36,6 @@ namespace data = tensordict::data;
 
 namespace {
 
-using bench::leaves;
 using bench::row_bytes;
 using bench::transitions;
 
@@ -69,9 +68,9 @@ result measure(const char* name, std::int64_t rows, Storage storage, Sampler sam
   const td::AnyTensorDict fill = transitions(chunk);
   for (std::int64_t written = 0; written < rows; written += chunk)
     buffer.extend(written + chunk <= rows ? fill : fill.index({at::indexing::Slice(0, rows - written)}));
-  const std::vector<at::Tensor> stored = leaves(buffer.storage().tensordict());
+  const std::vector<at::Tensor> stored = buffer.storage().tensordict().values();
   const td::AnyTensorDict one = transitions(1), batch = transitions(256);
-  const std::vector<at::Tensor> one_leaves = leaves(one), batch_leaves = leaves(batch);
+  const std::vector<at::Tensor> one_leaves = one.values(), batch_leaves = batch.values();
 
   std::int64_t cursor = 0;
   auto copy_in = [&](const std::vector<at::Tensor>& source, std::int64_t n) {

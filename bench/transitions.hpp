@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -24,16 +23,9 @@ inline tensordict::AnyTensorDict transitions(std::int64_t n) {
                                    {n});
 }
 
-// Every leaf, nested ones included, in the TensorDict's order.
-inline std::vector<at::Tensor> leaves(const tensordict::AnyTensorDict& tree) {
-  std::vector<at::Tensor> out;
-  tree.for_each_leaf([&](const auto&, const at::Tensor& t) { out.push_back(t); });
-  return out;
-}
-
 inline std::int64_t row_bytes(const tensordict::AnyTensorDict& batch) {
   std::int64_t n = 0;
-  for (const at::Tensor& t : leaves(batch)) n += t.nbytes() / batch.batch_size()[0];
+  for (const at::Tensor& t : batch.values()) n += t.nbytes() / batch.batch_size()[0];
   return n;
 }
 
