@@ -5,8 +5,13 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
 #include <torch/optim/adam.h>
+
+#include <cstring>
+#include <limits>
+#include <utility>
 
 #include <tensordict/optim/adam.hpp>
 
@@ -58,6 +63,34 @@ TEST_CASE("optim::Adam takes libtorch's Adam steps, parameter by parameter", "[o
     CHECK(adam.steps(1) == 5);
     CHECK(ours[0].requires_grad());
     CHECK(ours[0].is_leaf());
+  }
+}
+
+TEST_CASE("optim::Adam: the vector kernel computes the scalar form's values, NaN, infinities and subnormals included", "[optim]") {
+  // 37 elements: four vectors of 8 and a scalar tail; the same step from every start, so that each
+  // element is seen at every lane and in the tail.
+  at::manual_seed(5);
+  at::Tensor param = at::randn({37}), grad = at::randn({37}), m = at::randn({37}) * 0.1, v = at::rand({37});
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), -0.0f, std::numeric_limits<float>::denorm_min(), 1e-30f};
+  for (int i = 0; i < 6; ++i) {
+    grad[3 * i + 1] = specials[i];
+    param[5 * i + 2] = specials[(i + 3) % 6];
+    v[4 * i] = i % 2 ? 0.0f : std::numeric_limits<float>::denorm_min();
+  }
+  for (const bool decays : {false, true}) {
+    const tensordict::optim::detail::adam_constants<float> c{0.9f, 0.1f, 0.999f, 0.001f, decays ? 0.01f : 0.0f, 1e-8f, 0.3f, -0.002f, decays};
+    for (std::int64_t begin : {0, 3, 8, 29}) {
+      INFO("elements from " << begin << (decays ? ", weight decay" : ""));
+      at::Tensor p1 = param.clone(), m1 = m.clone(), v1 = v.clone(), p2 = param.clone(), m2 = m.clone(), v2 = v.clone();
+      tensordict::optim::detail::adam_update(p1.data_ptr<float>(), grad.data_ptr<float>(), m1.data_ptr<float>(), v1.data_ptr<float>(), begin, 37, c);
+      tensordict::optim::detail::adam_update_scalar(p2.data_ptr<float>(), grad.data_ptr<float>(), m2.data_ptr<float>(), v2.data_ptr<float>(),
+                                                    begin, 37, c);
+      // Bit for bit (NaN where NaN): equal() would call NaN unequal.
+      for (const auto& [a, b] : {std::pair{p1, p2}, std::pair{m1, m2}, std::pair{v1, v2}})
+        CHECK(std::memcmp(a.data_ptr<float>(), b.data_ptr<float>(), 37 * sizeof(float)) == 0);
+      CHECK(std::memcmp(p1.data_ptr<float>(), param.data_ptr<float>(), begin * sizeof(float)) == 0);  // those before begin untouched
+    }
   }
 }
 

@@ -21,3 +21,4 @@
 #include "files/memmap.hpp"
 #include "files/safetensors.hpp"
 #include "files/consolidated.hpp"
+#include "optim/adam.hpp"

@@ -8,7 +8,8 @@
 // torch::optim::Adam runs 7 ATen ops per parameter and step (13 parameters of
 // a SAC agent: ~90 ops, ~4 us each); here a dense contiguous float32/float64
 // CPU parameter is one loop over its elements, updating the parameter and both
-// moments together. Other parameters (non-contiguous, other dtypes or
+// moments together (float32: 8 lanes at a time on AVX2; the scalar loop, which
+// std::sqrt's errno keeps from vectorizing, took 320 us of a 1.9 ms SAC update). Other parameters (non-contiguous, other dtypes or
 // devices) take libtorch's ops. zero_grad sets the gradients to none (Python's
 // default since torch 2.0), and step skips a parameter without a gradient.
 #pragma once
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,9 +26,38 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros_like.h>
 
+#include "../detail/config.hpp"
 #include "../errors.hpp"
 
 namespace tensordict::optim {
+
+namespace detail {
+// One step's constants, rounded to the parameter's dtype as ATen rounds its scalars.
+template <class T>
+struct adam_constants {
+  T b1, one_minus_b1, b2, one_minus_b2, decay, eps, correction, minus_step;
+  bool decays;
+};
+// The update of elements [begin, end) of a float32 parameter, its gradient and moments:
+// 8 at a time where the CPU has AVX2 (the scalar loop does not vectorize: std::sqrt sets
+// errno), the same operations in the same order as the scalar form, so the same values.
+TENSORDICT_DECL void adam_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t begin,
+                                 std::int64_t end, const adam_constants<float>& c);
+
+// The scalar form of that update (float64, and the vector form's last elements).
+template <class T>
+inline void adam_update_scalar(T* param, const T* g, T* m, T* v, std::int64_t begin, std::int64_t end, const adam_constants<T>& c) {
+  for (std::int64_t k = begin; k < end; ++k) {
+    const T gk = c.decays ? g[k] + c.decay * param[k] : g[k];
+    const T mk = m[k] * c.b1 + c.one_minus_b1 * gk;
+    const T vk = v[k] * c.b2 + c.one_minus_b2 * gk * gk;
+    m[k] = mk;
+    v[k] = vk;
+    const T denom = std::sqrt(vk) / c.correction + c.eps;
+    param[k] = param[k] + c.minus_step * (mk / denom);
+  }
+}
+}  // namespace detail
 
 struct adam_options {
   double lr = 1e-3;
@@ -116,25 +147,20 @@ class Adam {
   template <class T>
   void update(at::Tensor& p, const at::Tensor& grad, state& s, double step_size, double sqrt_bias_correction2) const {
     const auto [beta1, beta2] = options_.betas;
-    const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1 - beta1);
-    const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1 - beta2);
-    const T decay = static_cast<T>(options_.weight_decay), eps = static_cast<T>(options_.eps);
-    const T correction = static_cast<T>(sqrt_bias_correction2), minus_step = static_cast<T>(-step_size);
-    const bool decays = options_.weight_decay != 0;
+    const detail::adam_constants<T> c{static_cast<T>(beta1),         static_cast<T>(1 - beta1),
+                                      static_cast<T>(beta2),         static_cast<T>(1 - beta2),
+                                      static_cast<T>(options_.weight_decay), static_cast<T>(options_.eps),
+                                      static_cast<T>(sqrt_bias_correction2), static_cast<T>(-step_size),
+                                      options_.weight_decay != 0};
     T* param = p.data_ptr<T>();
     const T* g = grad.data_ptr<T>();
     T* m = s.exp_avg.data_ptr<T>();
     T* v = s.exp_avg_sq.data_ptr<T>();
     at::parallel_for(0, p.numel(), 1 << 15, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t k = begin; k < end; ++k) {
-        const T gk = decays ? g[k] + decay * param[k] : g[k];
-        const T mk = m[k] * b1 + one_minus_b1 * gk;
-        const T vk = v[k] * b2 + one_minus_b2 * gk * gk;
-        m[k] = mk;
-        v[k] = vk;
-        const T denom = std::sqrt(vk) / correction + eps;
-        param[k] = param[k] + minus_step * (mk / denom);
-      }
+      if constexpr (std::is_same_v<T, float>)
+        detail::adam_update(param, g, m, v, begin, end, c);
+      else
+        detail::adam_update_scalar(param, g, m, v, begin, end, c);
     });
   }
 
@@ -144,3 +170,41 @@ class Adam {
 };
 
 }  // namespace tensordict::optim
+
+#if TENSORDICT_DEFINITIONS
+#include "../detail/kernels/cpu_features.hpp"
+
+namespace tensordict::optim::detail {
+#if TENSORDICT_X86_KERNELS
+// Without FMA: a fused multiply-add would round differently from the scalar form.
+__attribute__((target("avx2"))) inline std::int64_t adam_update_avx2(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                                                                     std::int64_t begin, std::int64_t end, const adam_constants<float>& c) {
+  const __m256 b1 = _mm256_set1_ps(c.b1), one_minus_b1 = _mm256_set1_ps(c.one_minus_b1), b2 = _mm256_set1_ps(c.b2),
+               one_minus_b2 = _mm256_set1_ps(c.one_minus_b2), decay = _mm256_set1_ps(c.decay), eps = _mm256_set1_ps(c.eps),
+               correction = _mm256_set1_ps(c.correction), minus_step = _mm256_set1_ps(c.minus_step);
+  std::int64_t k = begin;
+  for (; k + 8 <= end; k += 8) {
+    const __m256 p = _mm256_loadu_ps(param + k);
+    __m256 g = _mm256_loadu_ps(grad + k);
+    if (c.decays) g = _mm256_add_ps(g, _mm256_mul_ps(decay, p));
+    const __m256 m = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(exp_avg + k), b1), _mm256_mul_ps(one_minus_b1, g));
+    const __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(exp_avg_sq + k), b2), _mm256_mul_ps(_mm256_mul_ps(one_minus_b2, g), g));
+    _mm256_storeu_ps(exp_avg + k, m);
+    _mm256_storeu_ps(exp_avg_sq + k, v);
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), correction), eps);
+    _mm256_storeu_ps(param + k, _mm256_add_ps(p, _mm256_mul_ps(minus_step, _mm256_div_ps(m, denom))));
+  }
+  return k;
+}
+#endif
+
+TENSORDICT_DECL void adam_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t begin,
+                                 std::int64_t end, const adam_constants<float>& c) {
+#if TENSORDICT_X86_KERNELS
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) begin = adam_update_avx2(param, grad, exp_avg, exp_avg_sq, begin, end, c);
+#endif
+  adam_update_scalar(param, grad, exp_avg, exp_avg_sq, begin, end, c);
+}
+}  // namespace tensordict::optim::detail
+#endif  // TENSORDICT_DEFINITIONS
