@@ -21,6 +21,8 @@
 //   --bench N   after the random frames, N updates timed alone: microseconds per update, its GEMM FLOPs
 //               against at::linear's rate on the same sizes, and the ATen ops it dispatches
 //   --threads T libtorch's and OpenBLAS's threads (default 1)
+//   --versus E,C with --bench: Python's update in microseconds, eager and compiled (bench/python/sac_update.py
+//               prints them; C may be 0: not measured), for the vs_python_eager= and vs_compiled= ratios
 #include <unistd.h>
 
 #include <algorithm>
@@ -180,6 +182,7 @@ struct options {
   std::int64_t seed = 0;
   std::int64_t bench_updates = 0;  // > 0: time that many updates after the random frames, print, stop
   int threads = 1;
+  double python_eager_us = 0, python_compiled_us = 0;  // --versus: 0 where not measured
   std::filesystem::path out;
 };
 
@@ -194,8 +197,13 @@ options parse(int argc, char** argv) {
     else if (flag == "--seed") o.seed = std::stoll(value);
     else if (flag == "--bench") o.bench_updates = std::stoll(value);
     else if (flag == "--threads") o.threads = std::stoi(value);
+    else if (flag == "--versus") {
+      const auto comma = value.find(',');
+      o.python_eager_us = std::stod(value.substr(0, comma));
+      if (comma != std::string::npos) o.python_compiled_us = std::stod(value.substr(comma + 1));
+    }
     else {
-      std::fprintf(stderr, "unknown option %s (options: --frames N, --out DIR, --min-gain G, --lr LR, --seed S, --bench N, --threads T)\n", flag.c_str());
+      std::fprintf(stderr, "unknown option %s (options: --frames N, --out DIR, --min-gain G, --lr LR, --seed S, --bench N, --threads T, --versus E,C)\n", flag.c_str());
       std::exit(2);
     }
   }
@@ -227,9 +235,12 @@ void bench_updates(Update& update, const options& o) {
   const double linear = median_seconds([&] { (void)at::linear(x, w, b); }, 2000);
   const double linear_gflops = 2.0 * static_cast<double>(o.batch) * 64 * 64 / linear / 1e9;
   std::printf("sac_update batch=%lld threads=%d update_us=%.1f flops=%.1fM linear_gflops=%.1f flop_time_ratio=%.1f ops=%lld "
-              "us_per_op=%.2f\n",
+              "us_per_op=%.2f",
               static_cast<long long>(o.batch), at::get_num_threads(), 1e6 * seconds, flops / 1e6, linear_gflops,
               seconds / (flops / (linear_gflops * 1e9)), static_cast<long long>(ops), 1e6 * seconds / static_cast<double>(ops));
+  if (o.python_eager_us > 0) std::printf(" vs_python_eager=%.2f", o.python_eager_us / (1e6 * seconds));
+  if (o.python_compiled_us > 0) std::printf(" vs_compiled=%.2f", o.python_compiled_us / (1e6 * seconds));
+  std::printf("\n");
 }
 
 int main(int argc, char** argv) {

@@ -13,6 +13,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/nan_to_num.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isinf.h>
@@ -307,6 +312,87 @@ TEST_CASE("rsample differentiates to the parameters; sample does not", "[distrib
   const tdn::Delta delta(loc);
   grads = torch::autograd::grad({delta.rsample({2}).sum()}, {loc});
   CHECK(grads[0].equal(at::full({3}, 2.0, at::kDouble)));
+}
+
+// rsample_and_log_prob against its two calls on the same draws: TanhNormal's fused pass (one
+// autograd node) for each option, dtype and event size, at values its clamps cut, with NaN and
+// infinities; gradients from the action, the log-probability or both, and second derivatives.
+TEST_CASE("TanhNormal.rsample_and_log_prob: rsample then log_prob of it, in one pass", "[distributions]") {
+  struct options_case {
+    const char* name;
+    tdn::TanhNormalOptions options;
+  };
+  const options_case cases[] = {{"default", {}},
+                                {"bounds [-2, 2]", {.low = -2.0, .high = 2.0}},
+                                {"bounds [0, 5], no safe tanh", {.low = 0.0, .high = 5.0, .safe_tanh = false}},
+                                {"event_dims 0", {.event_dims = 0}},
+                                {"event_dims 2", {.low = -3.0, .high = 1.0, .event_dims = 2}},
+                                {"tanh_loc (the two calls)", {.tanh_loc = true}}};
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    const double tol = dtype == at::kFloat ? 2e-5 : 1e-11;
+    for (const auto& c : cases) {
+      INFO(c.name << ", " << at::toString(dtype));
+      at::manual_seed(11);
+      // [6, 4] parameters as NormalParamExtractor leaves them (chunks of one tensor: not contiguous); loc
+      // reaches 9 (tanh rounds to 1: the safe clamp cuts it), one row holds NaN and one an infinite scale.
+      const at::Tensor param = at::randn({6, 8}, dtype);
+      param.narrow(1, 0, 4)[2].fill_(9.0);
+      param.narrow(1, 0, 4)[3][1] = std::numeric_limits<double>::quiet_NaN();
+      auto loc0 = param.narrow(1, 0, 4).clone(), scale0 = param.narrow(1, 4, 4).abs() + 0.1;
+      scale0[4][0] = std::numeric_limits<double>::infinity();
+      for (const bool contiguous : {false, true}) {
+        INFO((contiguous ? "contiguous" : "chunks of one tensor"));
+        const at::Tensor both = at::cat({loc0, scale0}, 1).requires_grad_();
+        const at::Tensor loc = contiguous ? both.narrow(1, 0, 4).contiguous() : both.narrow(1, 0, 4);
+        const at::Tensor scale = contiguous ? both.narrow(1, 4, 4).contiguous() : both.narrow(1, 4, 4);
+        const tdn::TanhNormal dist(loc, scale, c.options);
+        const auto [action, log_prob] = dist.rsample_and_log_prob(seeded(7));
+        const at::Tensor reference_action = dist.rsample({}, seeded(7));
+        const at::Tensor reference_log_prob = dist.log_prob(reference_action);
+        CHECK(action.sizes() == reference_action.sizes());
+        CHECK(log_prob.sizes() == reference_log_prob.sizes());
+        CHECK(at::allclose(action, reference_action, tol, tol, /*equal_nan=*/true));
+        CHECK(at::allclose(log_prob, reference_log_prob, tol, tol, /*equal_nan=*/true));
+        CHECK(log_prob.isnan().any().item<bool>());  // the NaN row and the infinite scale stay visible
+
+        // Gradients of both parameters from the action alone, the log-probability alone, and both.
+        const at::Tensor g_action = at::randn(action.sizes(), dtype), g_log_prob = at::randn(log_prob.sizes(), dtype);
+        for (int which = 0; which < 3; ++which) {
+          INFO("gradient from " << (which == 0 ? "the action" : which == 1 ? "the log-probability" : "both"));
+          const auto grads_of = [&](const at::Tensor& a, const at::Tensor& lp) {
+            std::vector<at::Tensor> ys, gs;
+            if (which != 1) ys.push_back(a), gs.push_back(g_action);
+            if (which != 0) ys.push_back(lp), gs.push_back(g_log_prob);
+            return torch::autograd::grad(ys, {both}, gs, /*retain_graph=*/true)[0];
+          };
+          const at::Tensor ours = grads_of(action, log_prob), theirs = grads_of(reference_action, reference_log_prob);
+          // Row 2 saturates tanh: its log-probability's gradient is 1 / (1 - y^2) ~ 1e6 (float) times tanh's last bit,
+          // where glibc's tanh and ATen's vectorized one may round apart; only where they are finite is compared there.
+          const at::Tensor rows = at::tensor({0, 1, 3, 4, 5}, at::kLong);
+          CHECK(at::allclose(ours.index_select(0, rows), theirs.index_select(0, rows), 20 * tol, 20 * tol, /*equal_nan=*/true));
+          CHECK(at::isfinite(ours[2]).equal(at::isfinite(theirs[2])));  // (without the safe clamp, float32's atanh(1): both infinite)
+        }
+        // Second derivatives (create_graph): the composed ops' own.
+        const auto second = [&](const at::Tensor& a, const at::Tensor& lp) {
+          const at::Tensor keep = at::isfinite(lp.detach()).all(-1, true).to(dtype);  // rows without NaN
+          const at::Tensor g = torch::autograd::grad({((a * a).sum(-1, true) * keep).sum() + (lp * keep.squeeze(-1)).sum()}, {both}, {},
+                                                     /*retain_graph=*/true, /*create_graph=*/true)[0];
+          return torch::autograd::grad({(g.nan_to_num(0, 0, 0) * g.nan_to_num(0, 0, 0)).sum()}, {both}, {}, true)[0];
+        };
+        if (c.options.event_dims == 1) {
+          const at::Tensor rows = at::tensor({0, 1, 3, 4, 5}, at::kLong);
+          CHECK(at::allclose(second(action, log_prob).index_select(0, rows), second(reference_action, reference_log_prob).index_select(0, rows),
+                             100 * tol, 100 * tol, /*equal_nan=*/true));
+        }
+      }
+    }
+  }
+  // Without gradients (a policy acting): the values alone, no graph.
+  at::NoGradGuard no_grad;
+  const tdn::TanhNormal dist(at::zeros({3, 2}), at::ones({3, 2}), {.low = -2.0, .high = 2.0});
+  const auto [action, log_prob] = dist.rsample_and_log_prob(seeded(3));
+  CHECK(at::allclose(log_prob, dist.log_prob(dist.rsample({}, seeded(3))), 1e-5, 1e-5));
+  CHECK_FALSE(action.requires_grad());
 }
 
 TEST_CASE("distribution errors name the distribution, the call and the shapes", "[distributions]") {

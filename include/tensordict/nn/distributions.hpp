@@ -23,6 +23,7 @@
 #pragma once
 
 // First: compiling this header alone (tests/meson.build) checks that one alone too.
+#include "../detail/config.hpp"
 #include "../errors.hpp"
 
 #include <algorithm>
@@ -149,6 +150,13 @@ class Distribution {
   }
   // Log-density (or log-mass) of value, of shape value's leading dims + batch_shape.
   virtual at::Tensor log_prob(const at::Tensor& value) const = 0;
+  // rsample() and the log_prob of that sample, what a probabilistic module with a log_prob_key
+  // computes when it draws; a distribution may fuse the two (TanhNormal: one pass, one autograd node).
+  virtual std::pair<at::Tensor, at::Tensor> rsample_and_log_prob(std::optional<at::Generator> generator = std::nullopt) const {
+    at::Tensor value = rsample({}, std::move(generator));
+    at::Tensor log_probability = log_prob(value);
+    return {std::move(value), std::move(log_probability)};
+  }
   virtual at::Tensor entropy() const { refuse("entropy", "it is not defined in closed form"); }
   virtual at::Tensor mean() const { refuse("mean", "it is not defined in closed form"); }
   virtual at::Tensor mode() const { refuse("mode", "it is not defined in closed form"); }
@@ -665,6 +673,10 @@ struct TanhNormalOptions {
 // scaled into [low, high]. mean and entropy have no closed form; mode and
 // deterministic_sample are the transformed loc, as TorchRL's, and so is the
 // median (exact: the transform is monotone).
+namespace detail {
+struct tanh_normal_function;
+}
+
 class TanhNormal : public Distribution {
  public:
   TanhNormal(const at::Tensor& loc, const at::Tensor& scale, TanhNormalOptions options = {})
@@ -703,6 +715,12 @@ class TanhNormal : public Distribution {
     log_prob = log_prob.defined() ? log_prob - log_det : -log_det;
     return log_prob + base_dist().log_prob(x);
   }
+  // rsample() and log_prob() of it, as those two calls compute them (the same draws from the
+  // generator, the same values within rounding, the same gradients), in one pass and one autograd
+  // node where loc and scale are float32 or float64 CPU tensors: the two calls dispatch ~40 ATen
+  // ops and ~25 autograd nodes (~80 us of a SAC actor's call at batch 256).
+  TENSORDICT_DECL std::pair<at::Tensor, at::Tensor> rsample_and_log_prob(
+      std::optional<at::Generator> generator = std::nullopt) const override;
   // TorchRL's refuses too; the MEAN interaction type estimates it (draw).
   at::Tensor mean() const override {
     refuse("mean", "it has no closed form; estimate it with sample({N}).mean(0) for a large N");
@@ -756,7 +774,216 @@ class TanhNormal : public Distribution {
     return affine() ? y * affine_scale() + affine_loc() : y;
   }
 
+  // The two calls on a given draw eps (loc's shape): what the fused pass computes.
+  std::pair<at::Tensor, at::Tensor> composed(const at::Tensor& eps) const {
+    at::Tensor value = transform(mapped_loc() + eps * scale_);
+    at::Tensor log_probability = log_prob(value);
+    return {std::move(value), std::move(log_probability)};
+  }
+  friend struct detail::tanh_normal_function;
+
   at::Tensor loc_, scale_;
   TanhNormalOptions options_;
 };
 }  // namespace tensordict::nn
+
+#if TENSORDICT_DEFINITIONS
+#include <tuple>
+
+#include <ATen/Dispatch.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace tensordict::nn::detail {
+// Per element of loc + eps * scale, the operations of TanhNormal's transform and log_prob in
+// their order, in T as ATen's kernels round them (the scalars cast to T).
+template <class T>
+struct tanh_normal_pass {
+  T lim, low_clamp, high_clamp, half_width, middle, log_half_width, log2 = static_cast<T>(std::log(2.0)),
+                                                                     log_sqrt_2pi = static_cast<T>(std::log(std::sqrt(2 * M_PI)));
+  bool safe, affine;
+  std::int64_t rows, event;
+
+  static T softplus(T z) { return z > T(20) ? z : std::log1p(std::exp(z)); }
+  static T clamp(T v, T lo, T hi) { return std::isnan(v) ? v : std::min(std::max(v, lo), hi); }
+
+  // action, log_prob; work holds tanh(x), y (the value mapped back, before its clamp) and atanh of it.
+  void forward(const T* loc, const T* scale, const T* eps, T* action, T* log_prob, T* work) const {
+    const std::int64_t n = rows * event;
+    T *t_of = work, *y_of = work + n, *xi_of = work + 2 * n;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T log_det = 0, base = 0;
+      for (std::int64_t k = r * event; k < (r + 1) * event; ++k) {
+        const T x = loc[k] + eps[k] * scale[k];
+        const T t = std::tanh(x);
+        const T v = safe ? t + (clamp(t, -lim, lim) - t) : t;
+        const T a = affine ? v * half_width + middle : v;
+        action[k] = a;
+        const T y = affine ? (a - middle) / half_width : a;
+        const T yc = safe ? clamp(y, low_clamp, high_clamp) : y;
+        const T xi = std::atanh(yc);
+        log_det += T(2) * ((log2 - xi) - softplus(T(-2) * xi));
+        const T d = xi - loc[k];
+        base += (-(d * d) / (T(2) * (scale[k] * scale[k])) - std::log(scale[k])) - log_sqrt_2pi;
+        t_of[k] = t;
+        y_of[k] = y;
+        xi_of[k] = xi;
+      }
+      T lp = affine ? -(static_cast<T>(event) * log_half_width) - log_det : -log_det;
+      log_prob[r] = lp + base;
+    }
+  }
+
+  // The gradients of loc and scale (either may be null) from those of the action (null: none) and log_prob (null: none).
+  void backward(const T* loc, const T* scale, const T* eps, const T* work, const T* g_action, const T* g_log_prob, T* g_loc,
+                T* g_scale) const {
+    const std::int64_t n = rows * event;
+    const T *t_of = work, *y_of = work + n, *xi_of = work + 2 * n;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T gp = g_log_prob ? g_log_prob[r] : T(0);
+      for (std::int64_t k = r * event; k < (r + 1) * event; ++k) {
+        const T xi = xi_of[k], y = y_of[k], s = scale[k], d = xi - loc[k];
+        T g_loc_k = 0, g_scale_k = 0, g_a = g_action ? g_action[k] : T(0);
+        if (g_log_prob) {
+          // -log_det + base, through atanh, the clamp and the affine map to the action.
+          const T z = T(-2) * xi, e = std::exp(z);
+          const T sigmoid = z > T(20) ? T(1) : e / (e + T(1));
+          // Normal's log_prob, -(d^2) / (2 scale^2) - log(scale) - c, as ATen's backward formulas compose
+          // (an infinite scale: NaN, as theirs).
+          const T den = T(2) * (s * s), g_d = -(gp / den) * (T(2) * d);
+          const T g_xi = -gp * (T(2) * (T(-1) + T(2) * sigmoid)) + g_d;
+          const T yc = safe ? clamp(y, low_clamp, high_clamp) : y;
+          const bool passes = !safe || (y >= low_clamp && y <= high_clamp);
+          const T g_y = passes ? g_xi / (T(1) - yc * yc) : T(0);
+          g_a += affine ? g_y / half_width : g_y;
+          g_loc_k -= g_d;
+          g_scale_k += (-gp * ((-(d * d) / den) / den)) * T(2) * (T(2) * s) - gp / s;
+        }
+        // Through the affine map, the clamp (tanh's gradient passes it) and tanh to x = loc + eps * scale.
+        const T t = t_of[k];
+        const T g_x = (affine ? g_a * half_width : g_a) * (T(1) - t * t);
+        if (g_loc) g_loc[k] = g_loc_k + g_x;
+        if (g_scale) g_scale[k] = g_scale_k + g_x * eps[k];
+      }
+    }
+  }
+};
+
+template <class T>
+tanh_normal_pass<T> make_pass(const TanhNormalOptions& o, double resolution, std::int64_t rows, std::int64_t event) {
+  const double half_width = (o.high - o.low) / 2;
+  return {static_cast<T>(1 - resolution),
+          static_cast<T>(-1 + resolution),
+          static_cast<T>(1 - resolution),
+          static_cast<T>(half_width),
+          static_cast<T>((o.high + o.low) / 2),
+          static_cast<T>(std::log(std::abs(half_width))),
+          static_cast<T>(std::log(2.0)),
+          static_cast<T>(std::log(std::sqrt(2 * M_PI))),
+          o.safe_tanh,
+          o.low != -1.0 || o.high != 1.0,
+          rows,
+          event};
+}
+
+// The fused pass as one autograd node of (loc, scale); eps is a constant. Where a graph of the
+// backward is asked for (create_graph), the backward differentiates the composed calls instead.
+struct tanh_normal_function : torch::autograd::Function<tanh_normal_function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& loc, const at::Tensor& scale,
+                                                const at::Tensor& eps, const TanhNormal* dist) {
+    auto [action, log_prob, work] = run(*dist, loc, scale, eps);
+    ctx->save_for_backward({loc, scale, eps, work});
+    ctx->saved_data["low"] = dist->options_.low;
+    ctx->saved_data["high"] = dist->options_.high;
+    ctx->saved_data["safe_tanh"] = dist->options_.safe_tanh;
+    ctx->saved_data["event_dims"] = dist->options_.event_dims;
+    ctx->set_materialize_grads(false);
+    return {action, log_prob};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &loc = saved[0], &scale = saved[1], &eps = saved[2], &work = saved[3];
+    TanhNormalOptions o;
+    o.low = ctx->saved_data["low"].toDouble();
+    o.high = ctx->saved_data["high"].toDouble();
+    o.safe_tanh = ctx->saved_data["safe_tanh"].toBool();
+    o.event_dims = ctx->saved_data["event_dims"].toInt();
+    torch::autograd::variable_list out(4);  // loc, scale, eps (a constant), the distribution (not a tensor)
+    if (!grads[0].defined() && !grads[1].defined()) return out;
+    if (at::GradMode::is_enabled()) {
+      const TanhNormal dist(loc, scale, o);
+      const auto [action, log_prob] = dist.composed(eps);
+      std::vector<at::Tensor> ys, gs, wrt;
+      for (int i = 0; i < 2; ++i)
+        if (grads[i].defined()) {
+          ys.push_back(i == 0 ? action : log_prob);
+          gs.push_back(grads[i]);
+        }
+      for (int i = 0; i < 2; ++i)
+        if (ctx->needs_input_grad(i)) wrt.push_back(saved[i]);
+      const auto d = torch::autograd::grad(ys, wrt, gs, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
+      for (std::size_t i = 0, next = 0; i < 2; ++i)
+        if (ctx->needs_input_grad(i)) out[i] = d[next++];
+      return out;
+    }
+    const at::Tensor g_action = grads[0].defined() ? grads[0].contiguous() : at::Tensor();
+    const at::Tensor g_log_prob = grads[1].defined() ? grads[1].contiguous() : at::Tensor();
+    if (ctx->needs_input_grad(0)) out[0] = at::empty_like(loc, at::MemoryFormat::Contiguous);
+    if (ctx->needs_input_grad(1)) out[1] = at::empty_like(scale, at::MemoryFormat::Contiguous);
+    const std::int64_t event = event_numel(loc, o.event_dims), rows = event == 0 ? 0 : loc.numel() / event;
+    AT_DISPATCH_FLOATING_TYPES(loc.scalar_type(), "tanh_normal_backward", [&] {
+      make_pass<scalar_t>(o, finfo_resolution(loc.scalar_type()), rows, event)
+          .backward(loc.data_ptr<scalar_t>(), scale.data_ptr<scalar_t>(), eps.data_ptr<scalar_t>(), work.data_ptr<scalar_t>(),
+                    g_action.defined() ? g_action.data_ptr<scalar_t>() : nullptr,
+                    g_log_prob.defined() ? g_log_prob.data_ptr<scalar_t>() : nullptr,
+                    out[0].defined() ? out[0].data_ptr<scalar_t>() : nullptr, out[1].defined() ? out[1].data_ptr<scalar_t>() : nullptr);
+    });
+    return out;
+  }
+
+  static std::int64_t event_numel(const at::Tensor& loc, std::int64_t event_dims) {
+    std::int64_t e = 1;
+    for (std::int64_t d = std::max<std::int64_t>(0, loc.dim() - event_dims); d < loc.dim(); ++d) e *= loc.size(d);
+    return e;
+  }
+
+  // action, log_prob and the backward's work buffer; loc, scale and eps contiguous, of one shape.
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const TanhNormal& dist, const at::Tensor& loc, const at::Tensor& scale,
+                                                           const at::Tensor& eps) {
+    const TanhNormalOptions& o = dist.options_;
+    const std::int64_t event = event_numel(loc, o.event_dims), rows = event == 0 ? 0 : loc.numel() / event;
+    const auto batch = loc.sizes().slice(0, loc.dim() - std::min<std::int64_t>(o.event_dims, loc.dim()));
+    at::Tensor action = at::empty(loc.sizes(), loc.options()), log_prob = at::empty(batch, loc.options()),
+               work = at::empty({3 * loc.numel()}, loc.options());
+    if (event == 0) log_prob.fill_(0);  // an empty event: log_prob sums nothing
+    AT_DISPATCH_FLOATING_TYPES(loc.scalar_type(), "tanh_normal_forward", [&] {
+      make_pass<scalar_t>(o, finfo_resolution(loc.scalar_type()), rows, event)
+          .forward(loc.data_ptr<scalar_t>(), scale.data_ptr<scalar_t>(), eps.data_ptr<scalar_t>(), action.data_ptr<scalar_t>(),
+                   log_prob.data_ptr<scalar_t>(), work.data_ptr<scalar_t>());
+    });
+    return {action, log_prob, work};
+  }
+};
+}  // namespace tensordict::nn::detail
+
+namespace tensordict::nn {
+TENSORDICT_DECL std::pair<at::Tensor, at::Tensor> TanhNormal::rsample_and_log_prob(std::optional<at::Generator> generator) const {
+  at::Tensor eps = at::empty(loc_.sizes(), loc_.options().requires_grad(false));
+  eps.normal_(0, 1, detail::generator_arg(generator));
+  const auto plain = [](const at::Tensor& t) {
+    // Inside vmap or a functorch transform a tensor has no storage of its own; a dual tensor's tangent this pass would not carry.
+    return t.is_cpu() && t.layout() == at::kStrided && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) &&
+           t.has_storage() && !t._fw_grad(/*level=*/0).defined() && !t.is_neg() && !t.is_conj();
+  };
+  if (options_.tanh_loc || !plain(loc_) || !plain(scale_) || scale_.scalar_type() != loc_.scalar_type()) return composed(eps);
+  const at::Tensor loc = loc_.contiguous(), scale = scale_.contiguous();
+  if (at::GradMode::is_enabled() && (loc.requires_grad() || scale.requires_grad())) {
+    auto outputs = detail::tanh_normal_function::apply(loc, scale, eps, this);
+    return {outputs[0], outputs[1]};
+  }
+  auto [action, log_prob, work] = detail::tanh_normal_function::run(*this, loc, scale, eps);
+  return {action, log_prob};
+}
+}  // namespace tensordict::nn
+#endif  // TENSORDICT_DEFINITIONS

@@ -355,8 +355,17 @@ class probabilistic_module<Dist, in_keys<Names...>, in_keys<In...>, out_keys<Out
   template <class S>
   TensorDict<output_schema<S>> forward(const TensorDict<S>& td) {
     const auto dist = get_dist(td);
-    const at::Tensor value = draw(dist, interaction(), options.n_empirical_estimate);
     auto result = detail::with_leaves_of<output_schema<S>>(td, td.batch_size());
+    if constexpr (sizeof...(LogProb) == 1) {
+      if (interaction() == interaction_type::random && dist.has_rsample()) {
+        // The draw and its log-probability together: a distribution may fuse them.
+        auto [value, log_prob] = dist.rsample_and_log_prob();
+        (detail::set_key<Out>(result, value), ...);
+        (detail::set_key<LogProb>(result, log_prob), ...);
+        return result;
+      }
+    }
+    const at::Tensor value = draw(dist, interaction(), options.n_empirical_estimate);
     (detail::set_key<Out>(result, value), ...);
     if constexpr (sizeof...(LogProb) == 1) (detail::set_key<LogProb>(result, dist.log_prob(value)), ...);
     return result;
@@ -504,8 +513,14 @@ class AnyProbabilisticTensorDictModuleImpl : public AnyTensorDictModuleBase {
 
   AnyTensorDict forward(const AnyTensorDict& td) override {
     const auto dist = get_dist(td);
-    const at::Tensor value = draw(*dist, interaction(), options.n_empirical_estimate);
     AnyTensorDict result = td.exclude({});
+    if (options.log_prob_key && interaction() == interaction_type::random && dist->has_rsample()) {
+      auto [value, log_prob] = dist->rsample_and_log_prob();  // a distribution may fuse the two
+      result.set(out_keys_[0], value);
+      result.set(*options.log_prob_key, log_prob);
+      return result;
+    }
+    const at::Tensor value = draw(*dist, interaction(), options.n_empirical_estimate);
     result.set(out_keys_[0], value);
     if (options.log_prob_key) result.set(*options.log_prob_key, dist->log_prob(value));
     return result;
