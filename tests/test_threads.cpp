@@ -1,6 +1,7 @@
 // The tests that share modules, TensorDicts, files or generators between
 // threads: run in the unit suite and, built on their own, under
 // ThreadSanitizer (the sanitize suite).
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <thread>
@@ -236,12 +237,17 @@ TEST_CASE("set_num_threads sets libtorch's intra-op threads and OpenBLAS's", "[t
   CHECK(at::get_num_threads() == 1);
   // 0: the BLAS libblas.so.3 points to is not OpenBLAS (the reference BLAS has no threads).
   CHECK(tensordict::blas_num_threads() <= 1);
+  tensordict::set_num_threads(2);
+  CHECK(at::get_num_threads() == 2);
+  CHECK(tensordict::blas_num_threads() <= 1);  // OpenBLAS's pool stays at one: its threads would spin against OpenMP's
   if (blas_before > 0) {
-    tensordict::set_num_threads(2);
+    tensordict::set_num_threads(2, 2);
     CHECK(tensordict::blas_num_threads() == 2);
   }
-  CHECK_THROWS_WITH(tensordict::set_num_threads(0), test::Contains("at least 1, got 0"));
-  CHECK(at::get_num_threads() == (blas_before > 0 ? 2 : 1));  // a refused call changes nothing
-  tensordict::set_num_threads(before);
-  if (blas_before > 0) CHECK(tensordict::blas_num_threads() == before);
+  CHECK_THROWS_WITH(tensordict::set_num_threads(0), test::Contains("n must be at least 1, got 0"));
+  CHECK_THROWS_WITH(tensordict::set_num_threads(3, 0), test::Contains("blas_threads must be at least 1, got 0"));
+  CHECK(at::get_num_threads() == 2);  // a refused call changes nothing
+  if (blas_before > 0) CHECK(tensordict::blas_num_threads() == 2);
+  tensordict::set_num_threads(before, std::max(blas_before, 1));
+  if (blas_before > 0) CHECK(tensordict::blas_num_threads() == blas_before);
 }
