@@ -47,6 +47,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/minimum.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
@@ -277,6 +278,10 @@ int main(int argc, char** argv) {
     return tdn::functional_vmap(critics->module, params, input).template get<"state_action_value">();
   };
 
+  // The smaller of the two critics' values [2, batch, 1]: an elementwise minimum, where libtorch's
+  // min(0) opens an OpenMP region even for 256 values (beside a busy process, each one waits ms).
+  auto smaller = [](const at::Tensor& q) { return at::minimum(q[0], q[1]); };
+
   // The last update's losses, read (one sync each) only when a report prints them.
   at::Tensor last_actor_loss, last_critic_loss;
   auto value_of = [](const at::Tensor& loss) { return loss.defined() ? loss.item<double>() : 0.0; };
@@ -291,7 +296,7 @@ int main(int argc, char** argv) {
     {
       at::NoGradGuard no_grad;
       const auto next = actor(td::TensorDict<observations>({batch.get<"next", "observation">()}, {o.batch}));
-      const at::Tensor next_q = std::get<0>(q_values(target_params, next.get<"observation">(), next.get<"action">()).min(0));
+      const at::Tensor next_q = smaller(q_values(target_params, next.get<"observation">(), next.get<"action">()));
       const at::Tensor not_terminated = 1 - batch.get<"next", "terminated">().to(at::kFloat);
       target = batch.get<"next", "reward">() +
                o.gamma * not_terminated * (next_q - alpha * next.get<"sample_log_prob">().unsqueeze(-1));
@@ -303,7 +308,7 @@ int main(int argc, char** argv) {
     // critics' parameters detached so that this loss moves the actor alone.
     const auto now = actor(td::TensorDict<observations>({observation}, {o.batch}));
     const at::Tensor log_prob = now.get<"sample_log_prob">().unsqueeze(-1);
-    const at::Tensor q = std::get<0>(q_values(critics->params_td->tensordict().detach(), observation, now.get<"action">()).min(0));
+    const at::Tensor q = smaller(q_values(critics->params_td->tensordict().detach(), observation, now.get<"action">()));
     const at::Tensor actor_loss = (alpha.detach() * log_prob - q).mean();
     const at::Tensor alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean();
 

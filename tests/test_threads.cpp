@@ -3,8 +3,10 @@
 // ThreadSanitizer (the sanitize suite).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "catch_torch.hpp"
 #include "test_helpers.hpp"
@@ -24,6 +26,7 @@
 #include <tensordict/vmap.hpp>
 #include <tensordict/data/replay_buffer.hpp>
 #include <tensordict/threads.hpp>
+#include <tensordict/detail/kernels/parallel_sets.hpp>
 
 using namespace tensordict;
 namespace tdn = tensordict::nn;
@@ -250,4 +253,34 @@ TEST_CASE("set_num_threads sets libtorch's intra-op threads and OpenBLAS's", "[t
   if (blas_before > 0) CHECK(tensordict::blas_num_threads() == 2);
   tensordict::set_num_threads(before, std::max(blas_before, 1));
   if (blas_before > 0) CHECK(tensordict::blas_num_threads() == blas_before);
+}
+
+// The helper threads of a Linear run's groups: every body once, on helpers that may start late.
+TEST_CASE("for_each_claimed runs every body once, with the caller's state, waiting only for begun bodies", "[threads]") {
+  for (const int threads : {1, 2, 4}) {
+    INFO(threads << " threads");
+    std::vector<std::atomic<int>> runs(257);
+    at::AutoGradMode off(false);  // the caller's grad mode reaches the helpers
+    std::atomic<bool> grad_mode_seen{false};
+    tensordict::detail::for_each_claimed(257, threads, [&](std::int64_t i) {
+      runs[static_cast<std::size_t>(i)].fetch_add(1);
+      if (at::GradMode::is_enabled()) grad_mode_seen = true;
+      if (i % 64 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    CHECK(std::all_of(runs.begin(), runs.end(), [](const std::atomic<int>& r) { return r.load() == 1; }));
+    CHECK_FALSE(grad_mode_seen.load());
+  }
+  // A body's exception reaches the caller after the other begun bodies end; nested calls run inline.
+  std::atomic<int> ran{0};
+  CHECK_THROWS_WITH(tensordict::detail::for_each_claimed(16, 2,
+                                                          [&](std::int64_t i) {
+                                                            tensordict::detail::for_each_claimed(4, 2, [&](std::int64_t) { ran.fetch_add(1); });
+                                                            if (i == 5) throw tensordict::value_error("body 5 failed");
+                                                          }),
+                    test::Contains("body 5 failed"));
+  CHECK(ran.load() == 64);
+  // Many short calls back to back: a helper waking for an old call finds it done.
+  std::atomic<std::int64_t> sum{0};
+  for (int call = 0; call < 2000; ++call) tensordict::detail::for_each_claimed(3, 2, [&](std::int64_t i) { sum.fetch_add(i + 1); });
+  CHECK(sum.load() == 2000 * 6);
 }

@@ -35,11 +35,30 @@ TENSORDICT_DECL std::int64_t sets_per_task(std::int64_t sets, std::int64_t bytes
 TENSORDICT_DECL std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::int64_t per_task, const std::vector<at::Tensor>& tensors,
                                                       const std::vector<bool>& mapped, const set_task& task);
 
+// Runs body(i) for every i in [0, count) on the calling thread and on up to
+// threads - 1 helper threads of the library's own, each taking the next i.
+// The caller waits only for the bodies a helper has begun: a helper that a
+// busy machine keeps from starting costs nothing, where an OpenMP region
+// waits in its barrier for every thread to arrive (measured: a SAC update at
+// two threads beside a CPU-bound process, 1389 us at one thread, 4059 us with
+// the Linear runs' groups in at::parallel_for). Idle helpers sleep on a
+// condition variable: no spinning. Bodies run with the caller's thread-local
+// state (grad mode, dispatch keys); the first exception a body throws is
+// rethrown here once every begun body has ended. Called from a helper's body
+// or inside a parallel region, it runs every body on the calling thread.
+TENSORDICT_DECL void for_each_claimed(std::int64_t count, int threads, const std::function<void(std::int64_t)>& body);
+
 }  // namespace tensordict::detail
 
 #if TENSORDICT_DEFINITIONS
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <ATen/Config.h>
 #include <ATen/Parallel.h>
@@ -298,5 +317,88 @@ TENSORDICT_DECL std::vector<at::Tensor> run_set_tasks(std::int64_t sets, std::in
   return joined;
 }
 
+namespace claimed {
+// One call's bodies: taken by index (next), counted when ended (done).
+struct job {
+  std::int64_t count = 0;
+  const std::function<void(std::int64_t)>* body = nullptr;  // valid while done < count: the caller waits for that
+  at::ThreadLocalState state;
+  std::atomic<std::int64_t> next{0}, done{0};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+
+  void work() {
+    for (std::int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
+      try {
+        (*body)(i);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+      if (done.fetch_add(1) + 1 == count) done.notify_all();
+    }
+  }
+};
+
+inline thread_local bool on_helper = false;
+
+// The helper threads, started as calls want them and kept (asleep) for the program's life.
+class helpers {
+ public:
+  static helpers& instance() {
+    static helpers* pool = new helpers;  // never destroyed: threads asleep at exit need no join
+    return *pool;
+  }
+  void post(const std::shared_ptr<job>& j, int wanted) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      while (static_cast<int>(threads_.size()) < wanted) threads_.emplace_back([this] { loop(); }).detach();
+      current_ = j;
+      ++generation_;
+    }
+    wake_.notify_all();
+  }
+
+ private:
+  void loop() {
+    on_helper = true;
+    std::uint64_t seen = 0;
+    for (;;) {
+      std::shared_ptr<job> j;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        j = current_;
+      }
+      if (j && j->next.load() < j->count) {
+        const at::ThreadLocalStateGuard guard(j->state);
+        j->work();
+      }
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::thread> threads_;
+  std::shared_ptr<job> current_;
+  std::uint64_t generation_ = 0;
+};
+}  // namespace claimed
+
+TENSORDICT_DECL void for_each_claimed(std::int64_t count, int threads, const std::function<void(std::int64_t)>& body) {
+  const int helpers = static_cast<int>(std::min<std::int64_t>(threads, count)) - 1;
+  if (helpers < 1 || claimed::on_helper || at::in_parallel_region()) {
+    for (std::int64_t i = 0; i < count; ++i) body(i);
+    return;
+  }
+  auto j = std::make_shared<claimed::job>();
+  j->count = count;
+  j->body = &body;
+  claimed::helpers::instance().post(j, helpers);
+  j->work();
+  for (std::int64_t d = j->done.load(); d < count; d = j->done.load()) j->done.wait(d);
+  j->body = nullptr;
+  if (j->error) std::rethrow_exception(j->error);
+}
 }  // namespace tensordict::detail
 #endif  // TENSORDICT_DEFINITIONS

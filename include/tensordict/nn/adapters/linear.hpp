@@ -153,10 +153,11 @@ TENSORDICT_DECL std::int64_t sets_per_group(std::int64_t rows, at::TensorList te
   return std::max<std::int64_t>(1, ::tensordict::detail::core_cache_bytes() / 2 / std::max<std::int64_t>(1, bytes));
 }
 
-// Runs body(first, count) over the sets a group at a time, the groups in
-// parallel across libtorch's intra-op threads where the run's products are
-// worth a second thread (flops_worth_a_thread, as for set tasks): inside one
-// autograd node, without a task's views, graph and joins.
+// Runs body(first, count) over the sets a group at a time, the groups spread
+// over as many threads as libtorch's intra-op setting allows where the run's
+// products are worth a second thread (flops_worth_a_thread, as for set
+// tasks; for_each_claimed: a helper that a busy machine keeps waiting is not
+// waited for): inside one autograd node, without a task's views, graph and joins.
 template <class Body>
 void for_each_group(std::int64_t sets, std::int64_t rows, at::TensorList tensors, Body&& body) {
   const std::int64_t group = sets_per_group(rows, tensors), groups = (sets + group - 1) / group;
@@ -164,12 +165,13 @@ void for_each_group(std::int64_t sets, std::int64_t rows, at::TensorList tensors
   for (std::size_t l = 0; 2 * l < tensors.size(); ++l)
     flops += 2.0 * static_cast<double>(sets * rows) * static_cast<double>(tensors[2 * l].size(1) * tensors[2 * l].size(2));
   const std::int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  if (std::min({groups, threads, static_cast<std::int64_t>(flops / ::tensordict::detail::flops_worth_a_thread)}) < 2) {
+  const std::int64_t worth = std::min(threads, static_cast<std::int64_t>(flops / ::tensordict::detail::flops_worth_a_thread));
+  if (std::min(groups, worth) < 2) {
     for (std::int64_t first = 0; first < sets; first += group) body(first, std::min(group, sets - first));
     return;
   }
-  const ::tensordict::detail::set_tasks_plan plan{groups, 1, {}, nullptr};
-  plan.for_each_task([&](std::int64_t g) { body(g * group, std::min(group, sets - g * group)); });
+  ::tensordict::detail::for_each_claimed(groups, static_cast<int>(worth),
+                                         [&](std::int64_t g) { body(g * group, std::min(group, sets - g * group)); });
 }
 
 // The layers of a linear_run applied to x ([sets, rows, in], or [rows, in]
