@@ -14,6 +14,7 @@
 #include <ATen/ops/_make_dual.h>
 #include <ATen/ops/_unpack_dual.h>
 #include <ATen/ops/baddbmm.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -391,6 +392,105 @@ TEST_CASE("Linear runs on the library's own batched GEMM (AVX2), large layers on
   REQUIRE(y_tangent.defined());
   for (std::size_t i = 0; i < odd.size(); ++i)
     CHECK(y_tangent[static_cast<std::int64_t>(i)].allclose(at::matmul(tangent, odd[i]->weight.t()), 1e-4, 1e-5));
+}
+
+// Outside functional_vmap a typed Sequential of Linears and ReLUs (an actor, a critic, a target network) is a
+// Linear run of one set: one autograd node, the same values and gradients as its modules one by one.
+TEST_CASE("A typed Sequential of Linears and ReLUs runs as one node outside functional_vmap, as its modules compute",
+          "[functional_vmap]") {
+  using torch::nn::Linear;
+  using torch::nn::ReLU;
+  using mlp = tdn::Sequential<Linear, ReLU, Linear, ReLU, Linear>;
+  const auto by_modules = [](mlp& net, const at::Tensor& x) {
+    at::Tensor h = x;
+    h = net->child<0>()->forward(h).relu();
+    h = net->child<2>()->forward(h).relu();
+    return net->child<4>()->forward(h);
+  };
+  struct shape_case {
+    const char* name;
+    std::int64_t in, hidden, out;
+    std::vector<std::int64_t> x;
+  };
+  // 256 rows x 64 x 64: the middle layer on BLAS (sgemm per set), the others on the kernels; odd sizes;
+  // a single vector and leading dims.
+  const shape_case cases[] = {{"SAC actor, batch 256", 3, 64, 2, {256, 3}},
+                              {"odd sizes", 13, 19, 5, {7, 13}},
+                              {"one vector", 13, 19, 1, {13}},
+                              {"leading dims", 6, 8, 3, {2, 5, 6}}};
+  for (const auto& c : cases) {
+    INFO(c.name);
+    at::manual_seed(4);
+    mlp net(Linear(c.in, c.hidden), ReLU(), Linear(c.hidden, c.hidden), ReLU(), Linear(c.hidden, c.out));
+    const at::Tensor x = at::randn(c.x).requires_grad_();
+    const at::Tensor y = net->forward(x), reference = by_modules(net, x);
+    CHECK(y.sizes() == reference.sizes());
+    CHECK(y.allclose(reference, 1e-5, 1e-5));
+    if (tensordict::detail::avx2_fma_supported()) {
+      std::string names;  // the node, behind the view that gives the output its leading dims
+      for (auto node = y.grad_fn(); node; node = node->next_edges().empty() ? nullptr : node->next_edges()[0].function)
+        names += node->name() + " ";
+      CHECK_THAT(names, Contains("linear_chain"));
+    }
+    const at::Tensor g = at::randn(y.sizes());
+    std::vector<at::Tensor> wrt{x};
+    for (const auto& p : net->parameters()) wrt.push_back(p);
+    const auto ours = torch::autograd::grad({y}, wrt, {g}, true), theirs = torch::autograd::grad({reference}, wrt, {g}, true);
+    for (std::size_t i = 0; i < wrt.size(); ++i) {
+      INFO("gradient " << i);
+      CHECK(ours[i].sizes() == wrt[i].sizes());
+      CHECK(ours[i].allclose(theirs[i], 1e-4, 1e-5));
+    }
+    // Gradients of gradients (create_graph) through libtorch's ops.
+    const auto second = [&](const at::Tensor& out) {
+      const auto first = torch::autograd::grad({out.pow(2).sum()}, {net->child<0>()->weight, x}, {}, true, true);
+      return torch::autograd::grad({first[0].pow(2).sum() + first[1].pow(2).sum()}, {net->child<2>()->weight, x}, {}, true);
+    };
+    const auto second_ours = second(y), second_theirs = second(reference);
+    for (std::size_t i = 0; i < 2; ++i) CHECK(second_ours[i].allclose(second_theirs[i], 1e-3, 1e-4));
+    // Without gradients: no graph.
+    at::NoGradGuard no_grad;
+    const at::Tensor plain = net->forward(x);
+    CHECK_FALSE(plain.requires_grad());
+    CHECK(plain.allclose(reference, 1e-5, 1e-5));
+  }
+
+  at::manual_seed(5);
+  mlp net(Linear(4, 8), ReLU(), Linear(8, 8), ReLU(), Linear(8, 1));
+  // functional_call with parameters of its own (a target network): the gradients go to those, not the module's.
+  auto params = from_module(net).apply([](const at::Tensor& t) { return (t.detach() * 0.5).requires_grad_(); });
+  const at::Tensor x = at::randn({9, 4});
+  const at::Tensor y = functional_call(net, params, x);
+  if (tensordict::detail::avx2_fma_supported()) CHECK_THAT(std::string(y.grad_fn()->name()), Contains("linear_chain"));
+  at::Tensor h = at::linear(x, params.get<"0", "weight">(), params.get<"0", "bias">()).relu();
+  h = at::linear(h, params.get<"2", "weight">(), params.get<"2", "bias">()).relu();
+  const at::Tensor reference = at::linear(h, params.get<"4", "weight">(), params.get<"4", "bias">());
+  CHECK(y.allclose(reference, 1e-5, 1e-5));
+  y.sum().backward();
+  CHECK(params.get<"2", "weight">().grad().defined());
+  CHECK_FALSE(net->child<2>()->weight.grad().defined());
+
+  // NaN and infinities in the input reach the output as the modules' own (values compared where finite, NaN where NaN).
+  const at::Tensor special = at::randn({6, 4});
+  special[1][2] = NAN;
+  special[3][0] = INFINITY;
+  at::NoGradGuard no_grad;
+  const at::Tensor ours = net->forward(special), theirs = by_modules(net, special);
+  CHECK(ours.isnan().equal(theirs.isnan()));
+  CHECK(ours.allclose(theirs, 1e-5, 1e-5, /*equal_nan=*/true));
+
+  // What a chain does not take runs module by module: float64, a bias-free Linear, a ReLU after a ReLU.
+  mlp wide(Linear(4, 8), ReLU(), Linear(8, 8), ReLU(), Linear(8, 1));
+  wide->to(at::kDouble);
+  CHECK(wide->forward(at::randn({3, 4}, at::kDouble)).scalar_type() == at::kDouble);
+  tdn::Sequential<Linear, ReLU, ReLU, Linear> doubled(Linear(4, 5), ReLU(), ReLU(), Linear(5, 2));
+  const at::Tensor input = at::randn({3, 4});
+  CHECK(doubled->forward(input).allclose(at::linear(at::linear(input, doubled->child<0>()->weight, doubled->child<0>()->bias).relu(),
+                                                    doubled->child<3>()->weight, doubled->child<3>()->bias),
+                                         1e-5, 1e-5));
+  tdn::Sequential<Linear, ReLU, Linear> no_bias(Linear(torch::nn::LinearOptions(4, 5).bias(false)), ReLU(), Linear(5, 2));
+  CHECK(no_bias->forward(input).allclose(
+      at::linear(at::linear(input, no_bias->child<0>()->weight).relu(), no_bias->child<2>()->weight, no_bias->child<2>()->bias), 1e-5, 1e-5));
 }
 
 namespace {

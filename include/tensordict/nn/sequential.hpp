@@ -11,6 +11,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "adapters/adapter.hpp"
 #include "adapters/linear.hpp"  // its children's Linears and ReLUs run as one detail::linear_run
@@ -24,6 +25,22 @@ namespace tensordict::nn {
 
 // A torch::nn::Module whose children are typed: registered as "0", "1", ...
 // (the names of Python's nn.Sequential), forward chains them.
+namespace detail {
+// A child of a Sequential of Linears and ReLUs, added to the tensors and ReLU marks of a linear_chain
+// (a ReLU that does not follow a Linear makes the marks uneven: linear_chain refuses them).
+inline void add_to_chain(std::vector<at::Tensor>& tensors, std::vector<std::int64_t>& relu, const torch::nn::LinearImpl& linear) {
+  tensors.push_back(linear.weight);
+  tensors.push_back(linear.bias);
+  relu.push_back(0);
+}
+inline void add_to_chain(std::vector<at::Tensor>& tensors, std::vector<std::int64_t>& relu, const torch::nn::ReLUImpl&) {
+  if (relu.empty() || relu.back() != 0)
+    tensors.emplace_back();
+  else
+    relu.back() = 1;
+}
+}  // namespace detail
+
 template <class... Holders>
 class SequentialImpl : public torch::nn::Module {
   static_assert(sizeof...(Holders) > 0, "tensordict::nn::Sequential needs at least one module.");
@@ -37,6 +54,15 @@ class SequentialImpl : public torch::nn::Module {
 
   template <class Input>
   at::Tensor forward(Input&& input) {
+    if constexpr (std::is_convertible_v<Input&&, const at::Tensor&> && linear_runs_only_v<SequentialImpl>) {
+      // Linears and ReLUs only: one autograd node on the library's kernels where they take the tensors.
+      std::vector<at::Tensor> tensors;
+      std::vector<std::int64_t> relu;
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (detail::add_to_chain(tensors, relu, *std::get<I>(children_)), ...);
+      }(std::index_sequence_for<Holders...>{});
+      if (at::Tensor y = detail::linear_chain(input, tensors, relu); y.defined()) return y;
+    }
     return chain<0>(std::forward<Input>(input));
   }
 
@@ -146,6 +172,15 @@ struct functional<SequentialImpl<Holders...>> {
   template <class Input>
   static at::Tensor forward(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
                             Input&& input) {
+    if constexpr (std::is_convertible_v<Input&&, const at::Tensor&> && linear_runs_only_v<SequentialImpl<Holders...>>) {
+      // Linears and ReLUs only: one autograd node on the library's kernels, with the given parameters.
+      std::vector<at::Tensor> tensors;
+      std::vector<std::int64_t> relu;
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (add_child<I>(m, p, tensors, relu), ...);
+      }(std::index_sequence_for<Holders...>{});
+      if (at::Tensor y = detail::linear_chain(input, tensors, relu); y.defined()) return y;
+    }
     return chain<0>(m, p, std::forward<Input>(input));
   }
 
@@ -159,6 +194,19 @@ struct functional<SequentialImpl<Holders...>> {
       return out;
     else
       return chain<I + 1>(m, p, std::move(out));
+  }
+
+  template <std::size_t I>
+  static void add_child(SequentialImpl<Holders...>& m, const TensorDict<schema_of<SequentialImpl<Holders...>>>& p,
+                        std::vector<at::Tensor>& tensors, std::vector<std::int64_t>& relu) {
+    if constexpr (std::is_same_v<impl_of_t<std::remove_cvref_t<decltype(m.template child<I>())>>, torch::nn::LinearImpl>) {
+      const auto params = detail::child_params<I>(p);
+      tensors.push_back(params.leaf(0));
+      tensors.push_back(params.leaf(1));
+      relu.push_back(0);
+    } else {
+      detail::add_to_chain(tensors, relu, *m.template child<I>());
+    }
   }
 
   template <class Child, class CS, class Input>

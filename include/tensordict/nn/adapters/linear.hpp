@@ -56,6 +56,14 @@ class linear_run {
   std::vector<at::Tensor> tensors_;    // w, b per layer
   std::vector<std::int64_t> relu_;     // per layer: whether a ReLU follows
 };
+
+// A plain run of Linears (weights [out, in], biases [out] or undefined), each maybe followed by a
+// ReLU (relu[l]), applied to x [..., in] as one autograd node on the library's kernels: what a
+// typed Sequential of Linears and ReLUs computes outside functional_vmap (an actor, a critic, a
+// target network), as a linear_run of one set. Undefined where the kernels do not take the
+// tensors (linear_run::takes, shapes that do not chain, empty products): the caller runs the
+// modules one by one.
+TENSORDICT_DECL at::Tensor linear_chain(const at::Tensor& x, const std::vector<at::Tensor>& tensors, const std::vector<std::int64_t>& relu);
 }  // namespace detail
 
 // Whether the batched form of a module type is linear_runs alone (a Linear;
@@ -97,7 +105,10 @@ struct functional<torch::nn::BilinearImpl> {
 }  // namespace tensordict::nn
 
 #if TENSORDICT_DEFINITIONS
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/addmm.h>
@@ -122,20 +133,71 @@ namespace tensordict::nn {
 namespace detail {
 namespace gemm = ::tensordict::detail::batched_gemm;
 
+// Fortran BLAS's sgemm_, the one libtorch's CPU GEMMs call (Debian's
+// libtorch links libblas.so.3), found at run time; null where the process
+// exports none (a libtorch with MKL linked in): libtorch's ops run instead.
+using sgemm_function = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+                                const float*, const int*, const float*, float*, const int*);
+inline sgemm_function blas_sgemm() {
+  static const auto f = reinterpret_cast<sgemm_function>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return f;
+}
+
+// o = a b (+ bias on every row where defined) by one sgemm_ call on the
+// operands' memory, as libtorch's addmm calls it (the bias copied into o,
+// then beta 1), without its dispatch, views and checks (~5 us a call, as
+// much as a 256x64x64 product takes here). False where the layouts need
+// libtorch's copies (no unit stride, leading dims below BLAS's minimum,
+// sizes beyond int).
+inline bool sgemm_product(const float* a, std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t b_row,
+                          std::int64_t b_col, const float* bias, float* o, std::int64_t o_row, std::int64_t m, std::int64_t n,
+                          std::int64_t k) {
+  const sgemm_function sgemm = blas_sgemm();
+  constexpr std::int64_t most = 1 << 30;
+  if (sgemm == nullptr || m < 1 || n < 1 || k < 1 || m > most || n > most || k > most || o_row < n) return false;
+  // Column-major, o^T = b^T a^T: b as the first operand (n x k), a as the second (k x m).
+  char b_trans, a_trans;
+  std::int64_t ldb, lda;
+  if (b_col == 1 && b_row >= n) b_trans = 'N', ldb = b_row;
+  else if (b_row == 1 && b_col >= k) b_trans = 'T', ldb = b_col;
+  else return false;
+  if (a_col == 1 && a_row >= k) a_trans = 'N', lda = a_row;
+  else if (a_row == 1 && a_col >= m) a_trans = 'T', lda = a_col;
+  else return false;
+  if (std::max({ldb, lda, o_row}) > most) return false;
+  if (bias != nullptr)
+    for (std::int64_t r = 0; r < m; ++r) std::memcpy(o + r * o_row, bias, static_cast<std::size_t>(n) * sizeof(float));
+  const int in = static_cast<int>(n), im = static_cast<int>(m), ik = static_cast<int>(k), il_b = static_cast<int>(ldb),
+            il_a = static_cast<int>(lda), il_o = static_cast<int>(o_row);
+  const float one = 1, beta = bias != nullptr ? 1.0f : 0.0f;
+  sgemm(&b_trans, &a_trans, &in, &im, &ik, &one, b, &il_b, a, &il_a, &beta, o, &il_o);
+  return true;
+}
+
 // out[s] = a[s] b[s] (+ bias[s] where defined) for the sets [first, first +
 // count), by one BLAS call per set as the members' own Linears make them (an
 // operand of 2 dims: every set shares it): the layers beyond batched_gemm's
 // sizes. A batched matmul would take the same calls, plus the copies of its
-// transposed gradients.
+// transposed gradients. float32 operands (linear_run::takes).
 TENSORDICT_DECL void blas_products(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias, at::Tensor& out, std::int64_t first,
                                    std::int64_t count) {
+  const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const float *a_data = a.data_ptr<float>(), *b_data = b.data_ptr<float>();
+  float* o_data = out.data_ptr<float>();
+  const bool unit_bias = !bias.defined() || bias.stride(-1) == 1;
   for (std::int64_t s = first; s < first + count; ++s) {
+    const float* as = a.dim() == 2 ? a_data : a_data + s * a.stride(0);
+    const float* bs = b.dim() == 2 ? b_data : b_data + s * b.stride(0);
+    const float* bias_s = bias.defined() ? bias.data_ptr<float>() + s * bias.stride(0) : nullptr;
+    if (out.stride(-1) == 1 && unit_bias &&
+        sgemm_product(as, a.stride(-2), a.stride(-1), bs, b.stride(-2), b.stride(-1), bias_s, o_data + s * out.stride(0), out.stride(-2), m, n, k))
+      continue;
     at::Tensor o = out.select(0, s);
-    const at::Tensor as = a.dim() == 2 ? a : a.select(0, s), bs = b.dim() == 2 ? b : b.select(0, s);
+    const at::Tensor a_s = a.dim() == 2 ? a : a.select(0, s), b_s = b.dim() == 2 ? b : b.select(0, s);
     if (bias.defined())
-      at::addmm_out(o, bias.select(0, s), as, bs);
+      at::addmm_out(o, bias.select(0, s), a_s, b_s);
     else
-      at::mm_out(o, as, bs);
+      at::mm_out(o, a_s, b_s);
   }
 }
 
@@ -212,6 +274,61 @@ TENSORDICT_DECL at::Tensor linear_run_reference(const at::Tensor& x, at::TensorL
   return h;
 }
 
+// The backward of a linear_run's layers (linear_run_function's, without a graph): the gradients of
+// x and each w, b where `needs` asks (x's as [sets, rows, in] even where x is shared), from the
+// gradient `grad` [sets, rows, out] of the last output; outputs: the layer outputs the forward saved.
+TENSORDICT_DECL std::vector<at::Tensor> linear_run_backward(const at::Tensor& x, at::TensorList tensors, const std::vector<std::int64_t>& relu,
+                                                            const std::vector<at::Tensor>& outputs, const at::Tensor& grad,
+                                                            const std::vector<bool>& needs) {
+  const std::size_t layers = relu.size(), count = 1 + 2 * layers;
+  const auto needs_grad = [&](std::size_t i) { return static_cast<bool>(needs[i]); };
+  std::vector<at::Tensor> out(count);
+  const std::vector<at::Tensor> grads{grad};
+  // The input of layer l: x, or the output of layer l - 1.
+  const auto input_of = [&](std::size_t l) -> const at::Tensor& { return l == 0 ? x : outputs[l - 1]; };
+  std::size_t wanted = 0;  // the first input that needs a gradient: layers before its own need none
+  while (wanted < count && !needs_grad(wanted)) ++wanted;
+  const std::int64_t sets = tensors[0].size(0), rows = grads[0].size(1);
+  // Per layer that the backward reaches (from `last` on): the gradient at its output (before the
+  // ReLU's mask: the next layer's input gradient, or the call's), and where wanted the mask's
+  // result (in place where the gradient is the library's own), gw, gb and the input's gradient.
+  std::size_t last = 0;
+  while (2 * last + 2 < wanted) ++last;
+  std::vector<at::Tensor> g_out(layers), masked(layers), g_in(layers);
+  for (std::size_t l = layers; l-- > last;) {
+    const at::Tensor& w = tensors[2 * l];
+    g_out[l] = l + 1 == layers ? grads[0] : g_in[l + 1];
+    if (relu[l]) masked[l] = l + 1 < layers ? g_out[l] : at::empty(outputs[l].sizes(), grads[0].options());
+    if (tensors[2 * l + 1].numel() > 0 && needs_grad(2 * l + 2)) out[2 * l + 2] = at::empty({sets, w.size(1)}, grads[0].options());
+    if (needs_grad(2 * l + 1)) out[2 * l + 1] = at::empty({sets, w.size(1), w.size(2)}, grads[0].options());
+    if (2 * l + 1 > wanted) g_in[l] = at::empty({sets, rows, w.size(2)}, grads[0].options());  // an earlier input needs it
+  }
+  for_each_group(sets, rows, tensors, [&](std::int64_t first, std::int64_t n) {
+    for (std::size_t l = layers; l-- > last;) {
+      const at::Tensor& w = tensors[2 * l];
+      const std::int64_t out_features = w.size(1), in = w.size(2);
+      const bool kernel = gemm::fits(rows, out_features, in);  // the forward's choice: the three products have its size
+      const at::Tensor& g = relu[l] ? masked[l] : g_out[l];
+      if (relu[l]) gemm::relu_backward(g_out[l], outputs[l], masked[l], first, n);
+      if (out[2 * l + 2].defined()) gemm::row_sums(g, out[2 * l + 2], first, n);
+      if (out[2 * l + 1].defined()) {
+        if (kernel)
+          gemm::multiply(gemm::transposed(g), gemm::view(input_of(l)), at::Tensor(), false, rows, out[2 * l + 1], first, n);
+        else
+          blas_products(g.transpose(1, 2), input_of(l), at::Tensor(), out[2 * l + 1], first, n);
+      }
+      if (g_in[l].defined()) {
+        if (kernel)
+          gemm::multiply(gemm::view(g), gemm::view(w), at::Tensor(), false, out_features, g_in[l], first, n);
+        else
+          blas_products(g, w, at::Tensor(), g_in[l], first, n);
+      }
+    }
+  });
+  if (needs_grad(0)) out[0] = g_in[0];
+  return out;
+}
+
 // A linear_run as one autograd node of (x, w0, b0, w1, b1, ...). Its backward
 // is the forward's products too, a group of sets at a time (per layer, from
 // the output back: the ReLU's mask, gb = the rows' sum, gw = g^T h, g = g w);
@@ -247,51 +364,92 @@ struct linear_run_function : torch::autograd::Function<linear_run_function> {
         if (ctx->needs_input_grad(i)) out[i] = d[next++];
       return out;
     }
-    // The input of layer l: x, or the output of layer l - 1.
-    const auto input_of = [&](std::size_t l) -> const at::Tensor& { return l == 0 ? x : saved[count + l - 1]; };
-    std::size_t wanted = 0;  // the first input that needs a gradient: layers before its own need none
-    while (wanted < count && !ctx->needs_input_grad(wanted)) ++wanted;
-    const std::int64_t sets = tensors[0].size(0), rows = grads[0].size(1);
-    // Per layer that the backward reaches (from `last` on): the gradient at its output (before the
-    // ReLU's mask: the next layer's input gradient, or the call's), and where wanted the mask's
-    // result (in place where the gradient is the library's own), gw, gb and the input's gradient.
-    std::size_t last = 0;
-    while (2 * last + 2 < wanted) ++last;
-    std::vector<at::Tensor> g_out(layers), masked(layers), g_in(layers);
-    for (std::size_t l = layers; l-- > last;) {
-      const at::Tensor& w = tensors[2 * l];
-      g_out[l] = l + 1 == layers ? grads[0] : g_in[l + 1];
-      if (relu[l]) masked[l] = l + 1 < layers ? g_out[l] : at::empty(saved[count + l].sizes(), grads[0].options());
-      if (tensors[2 * l + 1].numel() > 0 && ctx->needs_input_grad(2 * l + 2)) out[2 * l + 2] = at::empty({sets, w.size(1)}, grads[0].options());
-      if (ctx->needs_input_grad(2 * l + 1)) out[2 * l + 1] = at::empty({sets, w.size(1), w.size(2)}, grads[0].options());
-      if (2 * l + 1 > wanted) g_in[l] = at::empty({sets, rows, w.size(2)}, grads[0].options());  // an earlier input needs it
-    }
-    for_each_group(sets, rows, tensors, [&](std::int64_t first, std::int64_t n) {
-      for (std::size_t l = layers; l-- > last;) {
-        const at::Tensor& w = tensors[2 * l];
-        const std::int64_t out_features = w.size(1), in = w.size(2);
-        const bool kernel = gemm::fits(rows, out_features, in);  // the forward's choice: the three products have its size
-        const at::Tensor& g = relu[l] ? masked[l] : g_out[l];
-        if (relu[l]) gemm::relu_backward(g_out[l], saved[count + l], masked[l], first, n);
-        if (out[2 * l + 2].defined()) gemm::row_sums(g, out[2 * l + 2], first, n);
-        if (out[2 * l + 1].defined()) {
-          if (kernel)
-            gemm::multiply(gemm::transposed(g), gemm::view(input_of(l)), at::Tensor(), false, rows, out[2 * l + 1], first, n);
-          else
-            blas_products(g.transpose(1, 2), input_of(l), at::Tensor(), out[2 * l + 1], first, n);
-        }
-        if (g_in[l].defined()) {
-          if (kernel)
-            gemm::multiply(gemm::view(g), gemm::view(w), at::Tensor(), false, out_features, g_in[l], first, n);
-          else
-            blas_products(g, w, at::Tensor(), g_in[l], first, n);
-        }
-      }
-    });
-    if (ctx->needs_input_grad(0)) out[0] = x.dim() == 2 ? g_in[0].sum(0) : g_in[0];
+    std::vector<bool> needs(count);
+    for (std::size_t i = 0; i < count; ++i) needs[i] = ctx->needs_input_grad(i);
+    std::vector<at::Tensor> saved_outputs(saved.begin() + static_cast<std::ptrdiff_t>(count), saved.end());
+    auto d = linear_run_backward(x, tensors, relu, saved_outputs, grads[0], needs);
+    for (std::size_t i = 1; i < count; ++i) out[i] = std::move(d[i]);
+    if (needs[0]) out[0] = x.dim() == 2 ? d[0].sum(0) : d[0];
     return out;
   }
 };
+
+// linear_chain's node: a linear_run of one set over 2-d weights, returning [rows, out] and 2-d gradients.
+struct linear_chain_function : torch::autograd::Function<linear_chain_function> {
+  // The layers as one set: weights [1, out, in], biases [1, out] (none: an empty tensor).
+  static std::vector<at::Tensor> as_one_set(at::TensorList tensors) {
+    std::vector<at::Tensor> out;
+    out.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) out.push_back(i % 2 == 1 && tensors[i].numel() == 0 ? tensors[i] : tensors[i].unsqueeze(0));
+    return out;
+  }
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, std::vector<std::int64_t> relu) {
+    std::vector<at::Tensor> outputs = linear_run_forward(inputs[0], as_one_set(inputs.slice(1)), relu);
+    std::vector<at::Tensor> saved(inputs.begin(), inputs.end());
+    saved.insert(saved.end(), outputs.begin(), outputs.end() - (relu.back() ? 0 : 1));
+    ctx->save_for_backward(saved);
+    ctx->saved_data["relu"] = relu;
+    ctx->set_materialize_grads(false);
+    return outputs.back().select(0, 0);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const std::vector<std::int64_t> relu = ctx->saved_data["relu"].toIntVector();
+    const std::size_t layers = relu.size(), count = 1 + 2 * layers;
+    torch::autograd::variable_list out(count + 1);  // the last for `relu`, not a tensor
+    if (!grads[0].defined()) return out;
+    const at::Tensor& x = saved[0];
+    std::vector<bool> needs(count);
+    for (std::size_t i = 0; i < count; ++i) needs[i] = ctx->needs_input_grad(i);
+    if (at::GradMode::is_enabled()) {
+      // A graph of the backward (create_graph): libtorch's ops on the saved inputs.
+      std::vector<at::Tensor> wrt;
+      for (std::size_t i = 0; i < count; ++i)
+        if (needs[i]) wrt.push_back(saved[i]);
+      at::Tensor y = x;
+      for (std::size_t l = 0; l < layers; ++l) {
+        const at::Tensor& b = saved[2 * l + 2];
+        y = at::linear(y, saved[2 * l + 1], b.numel() == 0 ? at::Tensor() : b);
+        if (relu[l]) y = y.relu();
+      }
+      const auto d = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
+      for (std::size_t i = 0, next = 0; i < count; ++i)
+        if (needs[i]) out[i] = d[next++];
+      return out;
+    }
+    const std::vector<at::Tensor> one = as_one_set(at::TensorList(saved.data() + 1, 2 * layers));
+    const std::vector<at::Tensor> outputs(saved.begin() + static_cast<std::ptrdiff_t>(count), saved.end());
+    auto d = linear_run_backward(x, one, relu, outputs, grads[0].unsqueeze(0), needs);
+    for (std::size_t i = 0; i < count; ++i)
+      if (d[i].defined()) out[i] = d[i].select(0, 0);
+    return out;
+  }
+};
+
+TENSORDICT_DECL at::Tensor linear_chain(const at::Tensor& x, const std::vector<at::Tensor>& tensors, const std::vector<std::int64_t>& relu) {
+  if (x.dim() < 1 || tensors.empty() || tensors.size() != 2 * relu.size()) return {};
+  std::int64_t width = x.size(-1);
+  const at::Tensor flat = x.dim() == 2 ? x : x.reshape({-1, width});
+  if (flat.numel() == 0 || !gemm::takes({&flat})) return {};
+  std::vector<at::Tensor> inputs{flat};
+  bool records = at::GradMode::is_enabled() && flat.requires_grad();
+  for (std::size_t l = 0; l < relu.size(); ++l) {
+    const at::Tensor &w = tensors[2 * l], &b = tensors[2 * l + 1];
+    if (w.dim() != 2 || w.size(1) != width || w.numel() == 0 || (b.defined() && (b.dim() != 1 || b.size(0) != w.size(0))) ||
+        !gemm::takes({&w, &b}))
+      return {};
+    width = w.size(0);
+    inputs.push_back(w);
+    inputs.push_back(b.defined() ? b : at::empty({0}, w.options()));
+    records = records || (at::GradMode::is_enabled() && (w.requires_grad() || (b.defined() && b.requires_grad())));
+  }
+  at::Tensor y = records ? linear_chain_function::apply(at::TensorList(inputs), relu)
+                         : linear_run_forward(flat, linear_chain_function::as_one_set(at::TensorList(inputs).slice(1)), relu).back().select(0, 0);
+  if (x.dim() == 2) return y;
+  std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(width);
+  return y.view(shape);
+}
 
 TENSORDICT_DECL linear_run::linear_run(const stacked& x, std::int64_t sets) : x_(x), sets_(sets) {
   const std::int64_t own_dims = x.value.dim() - (x.mapped ? 1 : 0);
