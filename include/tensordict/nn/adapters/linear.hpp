@@ -329,99 +329,70 @@ TENSORDICT_DECL std::vector<at::Tensor> linear_run_backward(const at::Tensor& x,
   return out;
 }
 
-// A linear_run as one autograd node of (x, w0, b0, w1, b1, ...). Its backward
-// is the forward's products too, a group of sets at a time (per layer, from
-// the output back: the ReLU's mask, gb = the rows' sum, gw = g^T h, g = g w);
-// where a graph of the backward is asked for (create_graph) it
-// differentiates linear_run_reference on the saved inputs instead, so that
-// second derivatives stay exact.
+// The layers as one set: weights [1, out, in], biases [1, out] (none: an empty tensor).
+inline std::vector<at::Tensor> as_one_set(at::TensorList tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) out.push_back(i % 2 == 1 && tensors[i].numel() == 0 ? tensors[i] : tensors[i].unsqueeze(0));
+  return out;
+}
+
+// A linear_run as one autograd node of (x, w0, b0, w1, b1, ...); with one_set (linear_chain) the
+// weights are 2-d and x [rows, in]: a run of one set. Its backward is the forward's products too, a
+// group of sets at a time (linear_run_backward); where a graph of the backward is asked for
+// (create_graph) it differentiates libtorch's ops on the saved inputs instead (linear_run_reference,
+// or at::linear per layer), so that second derivatives stay exact.
 struct linear_run_function : torch::autograd::Function<linear_run_function> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, std::vector<std::int64_t> relu) {
-    std::vector<at::Tensor> outputs = linear_run_forward(inputs[0], inputs.slice(1), relu);
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, std::vector<std::int64_t> relu, bool one_set) {
+    std::vector<at::Tensor> outputs = one_set ? linear_run_forward(inputs[0], as_one_set(inputs.slice(1)), relu)
+                                              : linear_run_forward(inputs[0], inputs.slice(1), relu);
     // Saved: the inputs, then each layer's output the backward reads (all but the last, unless a ReLU follows it).
     std::vector<at::Tensor> saved(inputs.begin(), inputs.end());
     saved.insert(saved.end(), outputs.begin(), outputs.end() - (relu.back() ? 0 : 1));
     ctx->save_for_backward(saved);
     ctx->saved_data["relu"] = relu;
+    ctx->saved_data["one_set"] = one_set;
     ctx->set_materialize_grads(false);
-    return outputs.back();
+    return one_set ? outputs.back().select(0, 0) : outputs.back();
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const std::vector<std::int64_t> relu = ctx->saved_data["relu"].toIntVector();
+    const bool one_set = ctx->saved_data["one_set"].toBool();
     const std::size_t layers = relu.size(), count = 1 + 2 * layers;
-    torch::autograd::variable_list out(count + 1);  // the last for `relu`, not a tensor
+    torch::autograd::variable_list out(count + 2);  // the last two for `relu` and `one_set`, not tensors
     if (!grads[0].defined()) return out;
     const at::Tensor& x = saved[0];
     const at::TensorList tensors(saved.data() + 1, 2 * layers);
-    if (at::GradMode::is_enabled()) {
-      std::vector<at::Tensor> wrt;
-      for (std::size_t i = 0; i < count; ++i)
-        if (ctx->needs_input_grad(i)) wrt.push_back(saved[i]);
-      const at::Tensor y = linear_run_reference(x, tensors, relu);
-      const auto d = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
-      for (std::size_t i = 0, next = 0; i < count; ++i)
-        if (ctx->needs_input_grad(i)) out[i] = d[next++];
-      return out;
-    }
-    std::vector<bool> needs(count);
-    for (std::size_t i = 0; i < count; ++i) needs[i] = ctx->needs_input_grad(i);
-    std::vector<at::Tensor> saved_outputs(saved.begin() + static_cast<std::ptrdiff_t>(count), saved.end());
-    auto d = linear_run_backward(x, tensors, relu, saved_outputs, grads[0], needs);
-    for (std::size_t i = 1; i < count; ++i) out[i] = std::move(d[i]);
-    if (needs[0]) out[0] = x.dim() == 2 ? d[0].sum(0) : d[0];
-    return out;
-  }
-};
-
-// linear_chain's node: a linear_run of one set over 2-d weights, returning [rows, out] and 2-d gradients.
-struct linear_chain_function : torch::autograd::Function<linear_chain_function> {
-  // The layers as one set: weights [1, out, in], biases [1, out] (none: an empty tensor).
-  static std::vector<at::Tensor> as_one_set(at::TensorList tensors) {
-    std::vector<at::Tensor> out;
-    out.reserve(tensors.size());
-    for (std::size_t i = 0; i < tensors.size(); ++i) out.push_back(i % 2 == 1 && tensors[i].numel() == 0 ? tensors[i] : tensors[i].unsqueeze(0));
-    return out;
-  }
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, std::vector<std::int64_t> relu) {
-    std::vector<at::Tensor> outputs = linear_run_forward(inputs[0], as_one_set(inputs.slice(1)), relu);
-    std::vector<at::Tensor> saved(inputs.begin(), inputs.end());
-    saved.insert(saved.end(), outputs.begin(), outputs.end() - (relu.back() ? 0 : 1));
-    ctx->save_for_backward(saved);
-    ctx->saved_data["relu"] = relu;
-    ctx->set_materialize_grads(false);
-    return outputs.back().select(0, 0);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const std::vector<std::int64_t> relu = ctx->saved_data["relu"].toIntVector();
-    const std::size_t layers = relu.size(), count = 1 + 2 * layers;
-    torch::autograd::variable_list out(count + 1);  // the last for `relu`, not a tensor
-    if (!grads[0].defined()) return out;
-    const at::Tensor& x = saved[0];
     std::vector<bool> needs(count);
     for (std::size_t i = 0; i < count; ++i) needs[i] = ctx->needs_input_grad(i);
     if (at::GradMode::is_enabled()) {
-      // A graph of the backward (create_graph): libtorch's ops on the saved inputs.
       std::vector<at::Tensor> wrt;
       for (std::size_t i = 0; i < count; ++i)
         if (needs[i]) wrt.push_back(saved[i]);
       at::Tensor y = x;
-      for (std::size_t l = 0; l < layers; ++l) {
-        const at::Tensor& b = saved[2 * l + 2];
-        y = at::linear(y, saved[2 * l + 1], b.numel() == 0 ? at::Tensor() : b);
-        if (relu[l]) y = y.relu();
+      if (!one_set) {
+        y = linear_run_reference(x, tensors, relu);
+      } else {
+        for (std::size_t l = 0; l < layers; ++l) {
+          const at::Tensor& b = tensors[2 * l + 1];
+          y = at::linear(y, tensors[2 * l], b.numel() == 0 ? at::Tensor() : b);
+          if (relu[l]) y = y.relu();
+        }
       }
       const auto d = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
       for (std::size_t i = 0, next = 0; i < count; ++i)
         if (needs[i]) out[i] = d[next++];
       return out;
     }
-    const std::vector<at::Tensor> one = as_one_set(at::TensorList(saved.data() + 1, 2 * layers));
     const std::vector<at::Tensor> outputs(saved.begin() + static_cast<std::ptrdiff_t>(count), saved.end());
-    auto d = linear_run_backward(x, one, relu, outputs, grads[0].unsqueeze(0), needs);
-    for (std::size_t i = 0; i < count; ++i)
-      if (d[i].defined()) out[i] = d[i].select(0, 0);
+    auto d = one_set ? linear_run_backward(x, as_one_set(tensors), relu, outputs, grads[0].unsqueeze(0), needs)
+                     : linear_run_backward(x, tensors, relu, outputs, grads[0], needs);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (!d[i].defined()) continue;
+      // x's gradient comes as [sets, rows, in]: a shared x takes their sum.
+      out[i] = one_set ? d[i].select(0, 0) : i == 0 && x.dim() == 2 ? d[i].sum(0) : d[i];
+    }
     return out;
   }
 };
@@ -443,8 +414,8 @@ TENSORDICT_DECL at::Tensor linear_chain(const at::Tensor& x, const std::vector<a
     inputs.push_back(b.defined() ? b : at::empty({0}, w.options()));
     records = records || (at::GradMode::is_enabled() && (w.requires_grad() || (b.defined() && b.requires_grad())));
   }
-  at::Tensor y = records ? linear_chain_function::apply(at::TensorList(inputs), relu)
-                         : linear_run_forward(flat, linear_chain_function::as_one_set(at::TensorList(inputs).slice(1)), relu).back().select(0, 0);
+  at::Tensor y = records ? linear_run_function::apply(at::TensorList(inputs), relu, true)
+                         : linear_run_forward(flat, as_one_set(at::TensorList(inputs).slice(1)), relu).back().select(0, 0);
   if (x.dim() == 2) return y;
   std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.push_back(width);
@@ -486,7 +457,7 @@ TENSORDICT_DECL stacked linear_run::run() const {
   if (records) {
     std::vector<at::Tensor> inputs{flat_};
     inputs.insert(inputs.end(), tensors_.begin(), tensors_.end());
-    y = linear_run_function::apply(at::TensorList(inputs), relu_);
+    y = linear_run_function::apply(at::TensorList(inputs), relu_, false);
   } else {
     y = linear_run_forward(flat_, tensors_, relu_).back();
   }
