@@ -99,7 +99,8 @@ TEST_CASE("the typed Sequential registers its children as Python's nn.Sequential
   CHECK(names_of(net->named_parameters()) == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
   auto x = at::randn({5, 3});
   auto expected = net->child<2>()->forward(net->child<1>()->forward(net->child<0>()->forward(x)));
-  CHECK(net->forward(x).equal(expected));
+  // Linears and ReLUs run as one Linear run (the library's kernels): the modules' values within rounding.
+  CHECK(net->forward(x).allclose(expected, 1e-6, 1e-6));
 }
 
 // ---- from_module ------------------------------------------------------------------
