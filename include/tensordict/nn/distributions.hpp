@@ -64,6 +64,13 @@ inline c10::optional<at::Generator> generator_arg(const std::optional<at::Genera
   return c10::nullopt;
 }
 
+// N(0, 1) draws of `shape`: Normal::rsample's noise, which TanhNormal's fused pass draws the same way.
+inline at::Tensor standard_normal(at::IntArrayRef shape, const at::TensorOptions& options, const std::optional<at::Generator>& generator) {
+  auto eps = at::empty(shape, options.requires_grad(false));
+  eps.normal_(0, 1, generator_arg(generator));
+  return eps;
+}
+
 // Sums the last n dims (torch.distributions.utils._sum_rightmost).
 inline at::Tensor sum_rightmost(const at::Tensor& t, int64_t n) {
   if (n <= 0) return t;
@@ -229,9 +236,7 @@ class Normal : public Distribution {
   }
   at::Tensor rsample(at::IntArrayRef sample_shape = {},
                      std::optional<at::Generator> generator = std::nullopt) const override {
-    auto eps = at::empty(extended_shape(sample_shape), loc_.options().requires_grad(false));
-    eps.normal_(0, 1, detail::generator_arg(generator));
-    return loc_ + eps * scale_;
+    return loc_ + detail::standard_normal(extended_shape(sample_shape), loc_.options(), generator) * scale_;
   }
   at::Tensor log_prob(const at::Tensor& value) const override {
     check_value(value, "log_prob");
@@ -669,13 +674,14 @@ struct TanhNormalOptions {
   bool safe_tanh = true;
 };
 
+namespace detail {
+struct tanh_normal_function;
+}
+
 // TanhNormal(loc, scale, options) (TorchRL's): tanh of an Independent Normal,
 // scaled into [low, high]. mean and entropy have no closed form; mode and
 // deterministic_sample are the transformed loc, as TorchRL's, and so is the
 // median (exact: the transform is monotone).
-namespace detail {
-struct tanh_normal_function;
-}
 
 class TanhNormal : public Distribution {
  public:
@@ -799,10 +805,11 @@ namespace tensordict::nn::detail {
 // their order, in T as ATen's kernels round them (the scalars cast to T).
 template <class T>
 struct tanh_normal_pass {
-  T lim, low_clamp, high_clamp, half_width, middle, log_half_width, log2 = static_cast<T>(std::log(2.0)),
-                                                                     log_sqrt_2pi = static_cast<T>(std::log(std::sqrt(2 * M_PI)));
+  T lim;  // tanh's output kept within [-lim, lim] (1 - the dtype's resolution; -lim is exact)
+  T half_width, middle, log_half_width;
   bool safe, affine;
   std::int64_t rows, event;
+  T log2 = static_cast<T>(std::log(2.0)), log_sqrt_2pi = static_cast<T>(std::log(std::sqrt(2 * M_PI)));
 
   static T softplus(T z) { return z > T(20) ? z : std::log1p(std::exp(z)); }
   static T clamp(T v, T lo, T hi) { return std::isnan(v) ? v : std::min(std::max(v, lo), hi); }
@@ -820,7 +827,7 @@ struct tanh_normal_pass {
         const T a = affine ? v * half_width + middle : v;
         action[k] = a;
         const T y = affine ? (a - middle) / half_width : a;
-        const T yc = safe ? clamp(y, low_clamp, high_clamp) : y;
+        const T yc = safe ? clamp(y, -lim, lim) : y;
         const T xi = std::atanh(yc);
         log_det += T(2) * ((log2 - xi) - softplus(T(-2) * xi));
         const T d = xi - loc[k];
@@ -852,8 +859,8 @@ struct tanh_normal_pass {
           // (an infinite scale: NaN, as theirs).
           const T den = T(2) * (s * s), g_d = -(gp / den) * (T(2) * d);
           const T g_xi = -gp * (T(2) * (T(-1) + T(2) * sigmoid)) + g_d;
-          const T yc = safe ? clamp(y, low_clamp, high_clamp) : y;
-          const bool passes = !safe || (y >= low_clamp && y <= high_clamp);
+          const T yc = safe ? clamp(y, -lim, lim) : y;
+          const bool passes = !safe || (y >= -lim && y <= lim);
           const T g_y = passes ? g_xi / (T(1) - yc * yc) : T(0);
           g_a += affine ? g_y / half_width : g_y;
           g_loc_k -= g_d;
@@ -872,18 +879,14 @@ struct tanh_normal_pass {
 template <class T>
 tanh_normal_pass<T> make_pass(const TanhNormalOptions& o, double resolution, std::int64_t rows, std::int64_t event) {
   const double half_width = (o.high - o.low) / 2;
-  return {static_cast<T>(1 - resolution),
-          static_cast<T>(-1 + resolution),
-          static_cast<T>(1 - resolution),
-          static_cast<T>(half_width),
-          static_cast<T>((o.high + o.low) / 2),
-          static_cast<T>(std::log(std::abs(half_width))),
-          static_cast<T>(std::log(2.0)),
-          static_cast<T>(std::log(std::sqrt(2 * M_PI))),
-          o.safe_tanh,
-          o.low != -1.0 || o.high != 1.0,
-          rows,
-          event};
+  return {.lim = static_cast<T>(1 - resolution),
+          .half_width = static_cast<T>(half_width),
+          .middle = static_cast<T>((o.high + o.low) / 2),
+          .log_half_width = static_cast<T>(std::log(std::abs(half_width))),
+          .safe = o.safe_tanh,
+          .affine = o.low != -1.0 || o.high != 1.0,
+          .rows = rows,
+          .event = event};
 }
 
 // The fused pass as one autograd node of (loc, scale); eps is a constant. Where a graph of the
@@ -969,8 +972,7 @@ struct tanh_normal_function : torch::autograd::Function<tanh_normal_function> {
 
 namespace tensordict::nn {
 TENSORDICT_DECL std::pair<at::Tensor, at::Tensor> TanhNormal::rsample_and_log_prob(std::optional<at::Generator> generator) const {
-  at::Tensor eps = at::empty(loc_.sizes(), loc_.options().requires_grad(false));
-  eps.normal_(0, 1, detail::generator_arg(generator));
+  const at::Tensor eps = detail::standard_normal(loc_.sizes(), loc_.options(), generator);
   const auto plain = [](const at::Tensor& t) {
     // Inside vmap or a functorch transform a tensor has no storage of its own; a dual tensor's tangent this pass would not carry.
     return t.is_cpu() && t.layout() == at::kStrided && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) &&

@@ -23,15 +23,18 @@ namespace tensordict::nn {
 
 // ---- a typed sequential container ------------------------------------------
 
-// A torch::nn::Module whose children are typed: registered as "0", "1", ...
-// (the names of Python's nn.Sequential), forward chains them.
 namespace detail {
 // A child of a Sequential of Linears and ReLUs, added to the tensors and ReLU marks of a linear_chain
-// (a ReLU that does not follow a Linear makes the marks uneven: linear_chain refuses them).
-inline void add_to_chain(std::vector<at::Tensor>& tensors, std::vector<std::int64_t>& relu, const torch::nn::LinearImpl& linear) {
-  tensors.push_back(linear.weight);
-  tensors.push_back(linear.bias);
+// (a ReLU that does not follow a Linear makes the marks uneven: linear_chain refuses them); a
+// Linear's tensors are its own or the functional call's.
+inline void add_to_chain(std::vector<at::Tensor>& tensors, std::vector<std::int64_t>& relu, const at::Tensor& weight,
+                         const at::Tensor& bias) {
+  tensors.push_back(weight);
+  tensors.push_back(bias);
   relu.push_back(0);
+}
+inline void add_to_chain(std::vector<at::Tensor>& tensors, std::vector<std::int64_t>& relu, const torch::nn::LinearImpl& linear) {
+  add_to_chain(tensors, relu, linear.weight, linear.bias);
 }
 inline void add_to_chain(std::vector<at::Tensor>& tensors, std::vector<std::int64_t>& relu, const torch::nn::ReLUImpl&) {
   if (relu.empty() || relu.back() != 0)
@@ -41,6 +44,8 @@ inline void add_to_chain(std::vector<at::Tensor>& tensors, std::vector<std::int6
 }
 }  // namespace detail
 
+// A torch::nn::Module whose children are typed: registered as "0", "1", ...
+// (the names of Python's nn.Sequential), forward chains them.
 template <class... Holders>
 class SequentialImpl : public torch::nn::Module {
   static_assert(sizeof...(Holders) > 0, "tensordict::nn::Sequential needs at least one module.");
@@ -201,9 +206,7 @@ struct functional<SequentialImpl<Holders...>> {
                         std::vector<at::Tensor>& tensors, std::vector<std::int64_t>& relu) {
     if constexpr (std::is_same_v<impl_of_t<std::remove_cvref_t<decltype(m.template child<I>())>>, torch::nn::LinearImpl>) {
       const auto params = detail::child_params<I>(p);
-      tensors.push_back(params.leaf(0));
-      tensors.push_back(params.leaf(1));
-      relu.push_back(0);
+      detail::add_to_chain(tensors, relu, params.leaf(0), params.leaf(1));
     } else {
       detail::add_to_chain(tensors, relu, *m.template child<I>());
     }

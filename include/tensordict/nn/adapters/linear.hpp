@@ -281,14 +281,12 @@ TENSORDICT_DECL std::vector<at::Tensor> linear_run_backward(const at::Tensor& x,
                                                             const std::vector<at::Tensor>& outputs, const at::Tensor& grad,
                                                             const std::vector<bool>& needs) {
   const std::size_t layers = relu.size(), count = 1 + 2 * layers;
-  const auto needs_grad = [&](std::size_t i) { return static_cast<bool>(needs[i]); };
   std::vector<at::Tensor> out(count);
-  const std::vector<at::Tensor> grads{grad};
   // The input of layer l: x, or the output of layer l - 1.
   const auto input_of = [&](std::size_t l) -> const at::Tensor& { return l == 0 ? x : outputs[l - 1]; };
   std::size_t wanted = 0;  // the first input that needs a gradient: layers before its own need none
-  while (wanted < count && !needs_grad(wanted)) ++wanted;
-  const std::int64_t sets = tensors[0].size(0), rows = grads[0].size(1);
+  while (wanted < count && !needs[wanted]) ++wanted;
+  const std::int64_t sets = tensors[0].size(0), rows = grad.size(1);
   // Per layer that the backward reaches (from `last` on): the gradient at its output (before the
   // ReLU's mask: the next layer's input gradient, or the call's), and where wanted the mask's
   // result (in place where the gradient is the library's own), gw, gb and the input's gradient.
@@ -297,11 +295,11 @@ TENSORDICT_DECL std::vector<at::Tensor> linear_run_backward(const at::Tensor& x,
   std::vector<at::Tensor> g_out(layers), masked(layers), g_in(layers);
   for (std::size_t l = layers; l-- > last;) {
     const at::Tensor& w = tensors[2 * l];
-    g_out[l] = l + 1 == layers ? grads[0] : g_in[l + 1];
-    if (relu[l]) masked[l] = l + 1 < layers ? g_out[l] : at::empty(outputs[l].sizes(), grads[0].options());
-    if (tensors[2 * l + 1].numel() > 0 && needs_grad(2 * l + 2)) out[2 * l + 2] = at::empty({sets, w.size(1)}, grads[0].options());
-    if (needs_grad(2 * l + 1)) out[2 * l + 1] = at::empty({sets, w.size(1), w.size(2)}, grads[0].options());
-    if (2 * l + 1 > wanted) g_in[l] = at::empty({sets, rows, w.size(2)}, grads[0].options());  // an earlier input needs it
+    g_out[l] = l + 1 == layers ? grad : g_in[l + 1];
+    if (relu[l]) masked[l] = l + 1 < layers ? g_out[l] : at::empty(outputs[l].sizes(), grad.options());
+    if (tensors[2 * l + 1].numel() > 0 && needs[2 * l + 2]) out[2 * l + 2] = at::empty({sets, w.size(1)}, grad.options());
+    if (needs[2 * l + 1]) out[2 * l + 1] = at::empty({sets, w.size(1), w.size(2)}, grad.options());
+    if (2 * l + 1 > wanted) g_in[l] = at::empty({sets, rows, w.size(2)}, grad.options());  // an earlier input needs it
   }
   for_each_group(sets, rows, tensors, [&](std::int64_t first, std::int64_t n) {
     for (std::size_t l = layers; l-- > last;) {
@@ -325,7 +323,7 @@ TENSORDICT_DECL std::vector<at::Tensor> linear_run_backward(const at::Tensor& x,
       }
     }
   });
-  if (needs_grad(0)) out[0] = g_in[0];
+  if (needs[0]) out[0] = g_in[0];
   return out;
 }
 
@@ -397,17 +395,22 @@ struct linear_run_function : torch::autograd::Function<linear_run_function> {
   }
 };
 
+// Whether a run on input `flat` whose last layer gives `width` features takes a layer w [..., out, in]
+// (bias b or undefined): widths that chain, the kernels' dtypes and layouts, no empty product (the
+// kernels' tiles assume a column and a row; libtorch's ops take those).
+inline bool run_takes_layer(const at::Tensor& flat, std::int64_t width, const at::Tensor& w, const at::Tensor& b) {
+  return w.size(-1) == width && w.numel() > 0 && flat.numel() > 0 && gemm::takes({&flat, &w, &b});
+}
+
 TENSORDICT_DECL at::Tensor linear_chain(const at::Tensor& x, const std::vector<at::Tensor>& tensors, const std::vector<std::int64_t>& relu) {
   if (x.dim() < 1 || tensors.empty() || tensors.size() != 2 * relu.size()) return {};
   std::int64_t width = x.size(-1);
   const at::Tensor flat = x.dim() == 2 ? x : x.reshape({-1, width});
-  if (flat.numel() == 0 || !gemm::takes({&flat})) return {};
   std::vector<at::Tensor> inputs{flat};
   bool records = at::GradMode::is_enabled() && flat.requires_grad();
   for (std::size_t l = 0; l < relu.size(); ++l) {
     const at::Tensor &w = tensors[2 * l], &b = tensors[2 * l + 1];
-    if (w.dim() != 2 || w.size(1) != width || w.numel() == 0 || (b.defined() && (b.dim() != 1 || b.size(0) != w.size(0))) ||
-        !gemm::takes({&w, &b}))
+    if (w.dim() != 2 || (b.defined() && (b.dim() != 1 || b.size(0) != w.size(0))) || !run_takes_layer(flat, width, w, b))
       return {};
     width = w.size(0);
     inputs.push_back(w);
@@ -439,10 +442,7 @@ TENSORDICT_DECL bool linear_run::takes(const std::vector<at::Tensor>& params) {
 }
 
 TENSORDICT_DECL bool linear_run::add(const at::Tensor& w, const at::Tensor& b) {
-  // Empty products (no sets, rows, inputs or outputs) are libtorch's: the kernels' tiles assume a column and a row.
-  if (w.dim() != 3 || w.size(0) != sets_ || w.size(2) != width_ || w.numel() == 0 || flat_.numel() == 0 ||
-      !gemm::takes({&flat_, &w, &b}))
-    return false;
+  if (w.dim() != 3 || w.size(0) != sets_ || !run_takes_layer(flat_, width_, w, b)) return false;
   tensors_.push_back(w);
   tensors_.push_back(b.defined() ? b : at::empty({0}, w.options()));
   relu_.push_back(0);
