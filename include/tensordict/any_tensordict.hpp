@@ -47,6 +47,7 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 
+#include "detail/config.hpp"
 #include "detail/format.hpp"
 #include "detail/non_tensor_ops.hpp"
 #include "detail/tensordict_ops.hpp"
@@ -121,15 +122,7 @@ struct any_node : std::enable_shared_from_this<any_node> {
     return npos;
   }
   // Sets a non-tensor entry, replacing whatever entry `name` was.
-  void put_non_tensor(std::string_view name, NonTensor value) {
-    if (const std::size_t i = find(name); i != npos) erase_at(i);
-    if (const std::size_t i = find_non_tensor(name); i != npos) {
-      non_tensors[i] = std::move(value);
-      return;
-    }
-    non_tensor_names.emplace_back(name);
-    non_tensors.push_back(std::move(value));
-  }
+  TENSORDICT_DECL void put_non_tensor(std::string_view name, NonTensor value);
   void erase_non_tensor(std::size_t i) {
     non_tensor_names.erase(non_tensor_names.begin() + static_cast<std::ptrdiff_t>(i));
     non_tensors.erase(non_tensors.begin() + static_cast<std::ptrdiff_t>(i));
@@ -144,49 +137,13 @@ struct any_node : std::enable_shared_from_this<any_node> {
     children.emplace_back();
   }
   // A new child (child null) has this level's batch size.
-  any_node& add_child(std::string name, std::shared_ptr<any_node> child = nullptr) {
-    if (!child) {
-      child = std::make_shared<any_node>();
-      child->batch = batch;
-    }
-    child->parent = weak_from_this();
-    positions.emplace(name, names.size());
-    names.push_back(std::move(name));
-    tensors.emplace_back();
-    children.push_back(std::move(child));
-    return *children.back();
-  }
-  void erase_at(std::size_t i) {
-    if (children[i]) children[i]->parent.reset();  // a view of the sub-tree lives on, detached
-    names.erase(names.begin() + static_cast<std::ptrdiff_t>(i));
-    tensors.erase(tensors.begin() + static_cast<std::ptrdiff_t>(i));
-    children.erase(children.begin() + static_cast<std::ptrdiff_t>(i));
-    positions.clear();
-    for (std::size_t k = 0; k < names.size(); ++k) positions.emplace(names[k], k);
-  }
+  TENSORDICT_DECL any_node& add_child(std::string name, std::shared_ptr<any_node> child = nullptr);
+  TENSORDICT_DECL void erase_at(std::size_t i);
   // Replaces entry `name` (or adds it) with a leaf or a sub-tree.
-  void put(std::string_view name, at::Tensor tensor, std::shared_ptr<any_node> child) {
-    if (const std::size_t k = find_non_tensor(name); k != npos) erase_non_tensor(k);
-    const std::size_t i = find(name);
-    if (i == npos) {
-      if (child) add_child(std::string(name), std::move(child));
-      else add_leaf(std::string(name), std::move(tensor));
-      return;
-    }
-    if (children[i]) children[i]->parent.reset();  // a view of the old sub-tree lives on, detached
-    if (child) child->parent = weak_from_this();
-    tensors[i] = std::move(tensor);
-    children[i] = std::move(child);
-  }
+  TENSORDICT_DECL void put(std::string_view name, at::Tensor tensor, std::shared_ptr<any_node> child);
 
   // The keys of this level, sorted, for error messages: "bias", "weight".
-  std::string listing() const {
-    if (names.empty() && non_tensor_names.empty()) return "none (it is empty)";
-    std::vector<std::string> sorted = names;
-    sorted.insert(sorted.end(), non_tensor_names.begin(), non_tensor_names.end());
-    std::sort(sorted.begin(), sorted.end());
-    return quoted_names(sorted);
-  }
+  TENSORDICT_DECL std::string listing() const;
 };
 
 }  // namespace detail
@@ -198,6 +155,25 @@ struct to_typed_options {
 };
 
 namespace detail {
+
+// A schema's key paths as the conversions between the typed and run-time forms read them
+// (AnyTensorDict::table_of<S>()): their work is not a template.
+struct schema_table {
+  std::vector<key_path> leaves, non_tensors;
+  std::vector<std::optional<std::vector<std::string_view>>> node_paths;  // per node (0: the schema's own level); none: no entry below it
+  std::vector<std::string> node_names;
+  std::vector<std::size_t> parents;
+};
+// A typed TensorDict's contents, for the same (AnyTensorDict::contents_of).
+struct typed_contents {
+  std::vector<at::Tensor> leaves;
+  std::vector<const std::optional<NonTensor>*> non_tensors;
+  std::vector<c10::IntArrayRef> node_batches;
+  c10::IntArrayRef batch_size;
+  std::optional<at::Device> device;
+  batch_names names;
+  bool locked = false;
+};
 
 struct any_root {
   std::size_t batch_dims = 0;  // of the root level, whose dims alone carry names
@@ -258,21 +234,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // Every set leaf of a typed TensorDict, under the same key paths, the same tensors.
   template <schema_type S>
   AnyTensorDict(const TensorDict<S>& typed) : AnyTensorDict(typed.batch_size(), typed.device()) {
-    for (const auto& [path, tensor] : typed.items()) insert_leaf(any_key_path(path.begin(), path.end()), tensor);
-    for (std::size_t i = 0; i < S::non_tensor_count; ++i)
-      if (const auto& v = typed.non_tensor_at(i)) {
-        const key_path kp = non_tensor_path<S>(i);
-        const any_key_path path(kp.begin(), kp.end());
-        parent_for_write(path, "AnyTensorDict").put_non_tensor(path.back(), *v);
-      }
-    // Nested levels keep dims of their own (a level without a set leaf or non-tensor entry is not kept).
-    for (std::size_t k = 1; k < S::node_count; ++k)  // parents first
-      if (const auto path = TensorDict<S>::node_path(k)) {
-        auto at = locate(any_key_path(path->begin(), path->end()));
-        if (at.node && !at.node->is_leaf(at.index)) at.node->children[at.index]->batch = typed.node_batch(k).vec();
-      }
-    root_->names = detail::checked_names(typed.names(), typed.batch_size(), "names");
-    if (typed.is_locked()) lock_();
+    take_typed(table_of<S>(), contents_of(typed));
   }
 
   // ---- structure --------------------------------------------------------------
@@ -287,44 +249,17 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   bool empty() const { return node_->names.empty() && node_->non_tensor_names.empty(); }
 
   // Key paths of every leaf, depth first, in insertion order.
-  std::vector<any_key_path> keys() const {
-    std::vector<any_key_path> out;
-    for_each_leaf([&](const any_key_path& p, const at::Tensor&) { out.push_back(p); });
-    return out;
-  }
-  std::vector<at::Tensor> values() const {
-    std::vector<at::Tensor> out;
-    for_each_leaf([&](const any_key_path&, const at::Tensor& t) { out.push_back(t); });
-    return out;
-  }
-  std::vector<std::pair<any_key_path, at::Tensor>> items() const {
-    std::vector<std::pair<any_key_path, at::Tensor>> out;
-    for_each_leaf([&](const any_key_path& p, const at::Tensor& t) { out.emplace_back(p, t); });
-    return out;
-  }
+  TENSORDICT_DECL std::vector<any_key_path> keys() const;
+  TENSORDICT_DECL std::vector<at::Tensor> values() const;
+  TENSORDICT_DECL std::vector<std::pair<any_key_path, at::Tensor>> items() const;
   // Python's keys(include_nested, leaves_only) and items(...): the keys of this
   // level (sub-trees included) unless include_nested, sub-trees left out when
   // leaves_only; a sub-tree comes before its keys.
   using item = std::variant<at::Tensor, AnyTensorDict>;
-  std::vector<any_key_path> keys(bool include_nested, bool leaves_only = false) const {
-    std::vector<any_key_path> out;
-    walk(include_nested, leaves_only, [&](const any_key_path& p, const detail::any_node&, std::size_t) { out.push_back(p); });
-    return out;
-  }
-  std::vector<std::pair<any_key_path, item>> items(bool include_nested, bool leaves_only = false) const {
-    std::vector<std::pair<any_key_path, item>> out;
-    walk(include_nested, leaves_only, [&](const any_key_path& p, const detail::any_node& node, std::size_t i) {
-      if (node.is_leaf(i)) out.emplace_back(p, item(std::in_place_index<0>, node.tensors[i]));
-      else out.emplace_back(p, item(std::in_place_index<1>, AnyTensorDict(root_, node.children[i])));
-    });
-    return out;
-  }
+  TENSORDICT_DECL std::vector<any_key_path> keys(bool include_nested, bool leaves_only = false) const;
+  TENSORDICT_DECL std::vector<std::pair<any_key_path, item>> items(bool include_nested, bool leaves_only = false) const;
 
-  std::size_t leaf_count() const {
-    std::size_t n = 0;
-    for_each_leaf([&](const any_key_path&, const at::Tensor&) { ++n; });
-    return n;
-  }
+  TENSORDICT_DECL std::size_t leaf_count() const;
 
   // Calls f(path, tensor) for every leaf, depth first, in insertion order.
   template <class F>
@@ -336,65 +271,27 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // ---- get / set ----------------------------------------------------------------
 
   // A tensor, a sub-tree or a non-tensor entry at path.
-  bool contains(c10::ArrayRef<std::string> path) const {
-    return locate(path).node != nullptr || locate_non_tensor(path).node != nullptr;
-  }
-  bool is_leaf(c10::ArrayRef<std::string> path) const {
-    auto at = locate(path);
-    return at.node && at.node->is_leaf(at.index);
-  }
+  TENSORDICT_DECL bool contains(c10::ArrayRef<std::string> path) const;
+  TENSORDICT_DECL bool is_leaf(c10::ArrayRef<std::string> path) const;
 
   // The tensor at a leaf; key_error for a missing key or a sub-tree.
-  const at::Tensor& get(c10::ArrayRef<std::string> path) const {
-    auto at = resolve(path, "AnyTensorDict.get");
-    if (!at.node->is_leaf(at.index))
-      throw key_error("AnyTensorDict.get(" + to_string(path) + "): this key holds a sub-tree (keys " +
-                      at.node->children[at.index]->listing() + "), not a tensor; use get_tensordict(...) for it");
-    return at.node->tensors[at.index];
-  }
+  TENSORDICT_DECL const at::Tensor& get(c10::ArrayRef<std::string> path) const;
 
   // A view of a sub-tree; key_error for a missing key or a leaf.
-  AnyTensorDict get_tensordict(c10::ArrayRef<std::string> path) const {
-    if (path.empty()) return *this;
-    auto at = resolve(path, "AnyTensorDict.get_tensordict");
-    if (at.node->is_leaf(at.index))
-      throw key_error("AnyTensorDict.get_tensordict(" + to_string(path) + "): this key holds a tensor (" +
-                      describe(at.node->tensors[at.index]) + "), not a sub-tree; use get(...) for it");
-    return AnyTensorDict(root_, at.node->children[at.index]);
-  }
+  TENSORDICT_DECL AnyTensorDict get_tensordict(c10::ArrayRef<std::string> path) const;
 
   // Sets a leaf, creating the sub-trees on the way (as Python's set with a
   // tuple key). The tensor's leading dims must be the batch size.
-  AnyTensorDict& set(c10::ArrayRef<std::string> path, at::Tensor value) {
-    if (path.empty()) throw key_error("AnyTensorDict.set: needs a key path of at least one key");
-    if (!value.defined()) throw value_error("AnyTensorDict.set(" + to_string(path) + "): the tensor is undefined");
-    value = checked_leaf(std::move(value), path, "AnyTensorDict.set");
-    parent_for_write(path, "AnyTensorDict.set").put(path.back(), std::move(value), nullptr);
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& set(c10::ArrayRef<std::string> path, at::Tensor value);
 
   // Sets a sub-tree: a new node holding the same tensors as `value`, whose
   // batch size must start with that of the level that holds it (it may add
   // dims of its own, as in Python: a [4, 3, 2] TensorDict under a [4, 3] one).
-  AnyTensorDict& set(c10::ArrayRef<std::string> path, const AnyTensorDict& value) {
-    if (path.empty()) throw key_error("AnyTensorDict.set: needs a key path of at least one key");
-    if (const auto parent = batch_at(path); !detail::starts_with(value.batch_size(), parent))
-      throw shape_error("AnyTensorDict.set(" + to_string(path) + "): expected a TensorDict whose batch_size starts with " +
-                        format_sizes(parent) + ", got batch_size=" + format_sizes(value.batch_size()));
-    auto copy = copy_node(*value.node_);
-    if (device()) relocate(*copy, *device());
-    parent_for_write(path, "AnyTensorDict.set").put(path.back(), at::Tensor(), std::move(copy));
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& set(c10::ArrayRef<std::string> path, const AnyTensorDict& value);
 
   // Writes value into the leaf at path in place (it keeps its identity); also
   // on a locked TensorDict. value must broadcast to the leaf's shape.
-  AnyTensorDict& set_(c10::ArrayRef<std::string> path, const at::Tensor& value) {
-    const at::Tensor& leaf = get(path);
-    detail::check_copy(leaf, value, "AnyTensorDict.set_", to_string(path));
-    at::Tensor(leaf).copy_(value);
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& set_(c10::ArrayRef<std::string> path, const at::Tensor& value);
 
   // Python's td.set_at_(key, value, index): value written into the leaf at
   // `indices` along the batch dims (as td[key][index] = value), checked first
@@ -422,121 +319,24 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   // A new TensorDict of the given keys (paths may be nested), over the same
   // tensors; a missing key throws key_error unless strict is false.
-  AnyTensorDict select(const std::vector<any_key_path>& paths, bool strict = true) const {
-    AnyTensorDict out(batch_size(), device());
-    out.root_->names = stored_names_padded();
-    for (const auto& path : paths) {
-      if (!strict && !contains(path)) continue;
-      if (auto nt = locate_non_tensor(path); nt.node) {
-        detail::any_node& target = out.parent_for_write(path, "AnyTensorDict.select", this);
-        if (target.find(path.back()) != npos || target.find_non_tensor(path.back()) != npos)
-          throw key_error("AnyTensorDict.select: the key " + to_string(path) + " is given twice");
-        target.put_non_tensor(path.back(), nt.node->non_tensors[nt.index]);
-        continue;
-      }
-      auto at = resolve(path, "AnyTensorDict.select");
-      out.put_entry(path, *at.node, at.index, "AnyTensorDict.select", this);
-    }
-    return out;
-  }
+  TENSORDICT_DECL AnyTensorDict select(const std::vector<any_key_path>& paths, bool strict = true) const;
   // A new TensorDict without the given keys, over the same tensors; missing keys are ignored, as in Python.
-  AnyTensorDict exclude(const std::vector<any_key_path>& paths) const {
-    AnyTensorDict out(batch_size(), device());
-    out.root_->names = stored_names_padded();
-    out.node_ = copy_node(*node_);
-    for (const auto& path : paths)
-      if (out.contains(path)) out.erase(path);
-    return out;
-  }
+  TENSORDICT_DECL AnyTensorDict exclude(const std::vector<any_key_path>& paths) const;
   // Moves the entry at `from` (a leaf or a sub-tree) to `to`, creating sub-trees
   // on the way. An existing `to` is replaced unless safe is true (then key_error).
-  AnyTensorDict& rename_key_(c10::ArrayRef<std::string> from, c10::ArrayRef<std::string> to, bool safe = false) {
-    const std::string where = "AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): ";
-    const location nt = locate_non_tensor(from);
-    const location at = nt.node ? nt : resolve(from, "AnyTensorDict.rename_key_");
-    check_unlocked(*at.node, from, "AnyTensorDict.rename_key_");
-    if (from.equals(to)) return *this;
-    if (!nt.node && to.size() > from.size() && to.slice(0, from.size()).equals(from))
-      throw key_error(where + "the new key is inside the old one");
-    if (safe && contains(to)) throw key_error(where + "the new key exists (safe=true)");
-    const auto there = batch_at(to);
-    if (nt.node) {
-      NonTensor moved = nt.node->non_tensors[nt.index];
-      if (moved.is_stack() && !there.equals(moved.shape()))
-        throw shape_error(where + moved.repr() + " does not have the batch size " + format_sizes(there) + " of the level that would hold it");
-      detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
-      nt.node->erase_non_tensor(nt.index);
-      target.put_non_tensor(to.back(), std::move(moved));
-      return *this;
-    }
-    at::Tensor tensor = at.node->tensors[at.index];
-    std::shared_ptr<detail::any_node> child = at.node->children[at.index];
-    const auto moved = child ? c10::IntArrayRef(child->batch) : tensor.sizes();
-    if (!detail::starts_with(moved, there))
-      throw shape_error(where + (child ? "the TensorDict's batch_size=" + format_sizes(moved) : "the leaf " + describe(tensor)) +
-                        " does not start with the batch size " + format_sizes(there) + " of the level that would hold it");
-    detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
-    at.node->erase_at(at.index);
-    target.put(to.back(), std::move(tensor), std::move(child));
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& rename_key_(c10::ArrayRef<std::string> from, c10::ArrayRef<std::string> to, bool safe = false);
 
   // Sets every leaf of other at its key path (creating sub-trees), as Python's
   // update. Every leaf is checked before the first is set.
   // Sub-trees it creates take other's batch sizes.
-  AnyTensorDict& update(const AnyTensorDict& other) {
-    std::vector<std::pair<any_key_path, at::Tensor>> incoming;
-    other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      auto at = locate(path);
-      if (at.node && !at.node->is_leaf(at.index))
-        throw key_error("AnyTensorDict.update: " + to_string(path) + " is a sub-tree here and a tensor in other");
-      check_writable_path(path, "AnyTensorDict.update");
-      incoming.emplace_back(path, checked_leaf(t, path, "AnyTensorDict.update", &other));
-    });
-    std::vector<std::pair<any_key_path, NonTensor>> non_tensors;
-    for (const any_key_path& path : other.non_tensor_keys()) {
-      check_writable_path(path, "AnyTensorDict.update");
-      const NonTensor& v = other.non_tensor(path);
-      if (v.is_stack() && !batch_at(path, other).equals(v.shape()))
-        throw shape_error("AnyTensorDict.update: " + to_string(path) + " is " + v.repr() + ", but the level here has batch_size=" +
-                          format_sizes(batch_at(path, other)));
-      non_tensors.emplace_back(path, v);
-    }
-    for (auto& [path, t] : incoming)
-      parent_for_write(path, "AnyTensorDict.update", &other).put(path.back(), std::move(t), nullptr);
-    for (auto& [path, v] : non_tensors) parent_for_write(path, "AnyTensorDict.update", &other).put_non_tensor(path.back(), std::move(v));
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& update(const AnyTensorDict& other);
   // Writes other's leaves into this TensorDict's tensors in place (every key
   // of other must be a leaf here); works when locked. Checked before writing.
   // Other's non-tensor entries replace the values of those here (which must exist).
-  AnyTensorDict& update_(const AnyTensorDict& other) {
-    std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, {}, "update_");
-    std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
-    other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      auto at = resolve(path, "AnyTensorDict.update_");
-      if (!at.node->is_leaf(at.index))
-        throw key_error("AnyTensorDict.update_: " + to_string(path) + " is a sub-tree here and a tensor in other");
-      detail::check_copy(at.node->tensors[at.index], t, "AnyTensorDict.update_", to_string(path));
-      pairs.emplace_back(at.node->tensors[at.index], t);
-    });
-    for (auto& [mine, theirs] : pairs) mine.copy_(theirs);
-    for (auto& [entry, value] : non_tensor_writes) *entry = std::move(value);  // cannot throw
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& update_(const AnyTensorDict& other);
 
   // Removes a key (a leaf or a whole sub-tree), as Python's del_.
-  AnyTensorDict& erase(c10::ArrayRef<std::string> path) {
-    if (auto nt = locate_non_tensor(path); nt.node) {
-      check_unlocked(*nt.node, path, "AnyTensorDict.erase");
-      nt.node->erase_non_tensor(nt.index);
-      return *this;
-    }
-    auto at = resolve(path, "AnyTensorDict.erase");
-    check_unlocked(*at.node, path, "AnyTensorDict.erase");
-    at.node->erase_at(at.index);
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& erase(c10::ArrayRef<std::string> path);
 
   // The variadic spellings: get("0", "weight"), set("0", "weight", t).
   template <class... Keys>
@@ -571,14 +371,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // 7), or a NonTensorStack whose shape is the batch size of the level that
   // holds it. Sub-trees are created on the way; an entry at path (of any
   // kind) is replaced. lock_error on a locked TensorDict.
-  AnyTensorDict& set_non_tensor(c10::ArrayRef<std::string> path, NonTensor value) {
-    if (path.empty()) throw key_error("AnyTensorDict.set_non_tensor: needs a key path of at least one key");
-    if (value.is_stack() && !batch_at(path).equals(value.shape()))
-      throw shape_error("AnyTensorDict.set_non_tensor(" + to_string(path) + "): a NonTensorStack of shape " +
-                        format_sizes(value.shape()) + " where the batch size is " + format_sizes(batch_at(path)));
-    parent_for_write(path, "AnyTensorDict.set_non_tensor").put_non_tensor(path.back(), std::move(value));
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& set_non_tensor(c10::ArrayRef<std::string> path, NonTensor value);
 
   // Python's td.get_non_tensor(key): the value of a NonTensorData, as T (one
   // of non_tensor_value's alternatives: std::string, std::int64_t, double,
@@ -602,40 +395,11 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     }
   }
   // The entry itself (NonTensorData or NonTensorStack); key_error when path holds none.
-  const NonTensor& non_tensor(c10::ArrayRef<std::string> path) const {
-    auto at = locate_non_tensor(path);
-    if (!at.node) {
-      if (locate(path).node)
-        throw key_error("AnyTensorDict.non_tensor(" + to_string(path) + "): it holds a " +
-                        (is_leaf(path) ? "tensor (" + describe(get(path)) + ")" : std::string("sub-tree")) +
-                        ", not non-tensor data; use get(...) for it");
-      (void)resolve(path, "AnyTensorDict.non_tensor");  // throws, naming the keys there
-    }
-    return at.node->non_tensors[at.index];
-  }
+  TENSORDICT_DECL const NonTensor& non_tensor(c10::ArrayRef<std::string> path) const;
   bool is_non_tensor(c10::ArrayRef<std::string> path) const { return locate_non_tensor(path).node != nullptr; }
 
   // Key paths of the non-tensor entries, depth first (those of sub-trees too unless include_nested is false).
-  std::vector<any_key_path> non_tensor_keys(bool include_nested = true) const {
-    std::vector<any_key_path> out;
-    any_key_path path;
-    auto level = [&](auto& self, const detail::any_node& node) -> void {
-      for (const std::string& name : node.non_tensor_names) {
-        path.push_back(name);
-        out.push_back(path);
-        path.pop_back();
-      }
-      if (!include_nested) return;
-      for (std::size_t i = 0; i < node.size(); ++i)
-        if (!node.is_leaf(i)) {
-          path.push_back(node.names[i]);
-          self(self, *node.children[i]);
-          path.pop_back();
-        }
-    };
-    level(level, *node_);
-    return out;
-  }
+  TENSORDICT_DECL std::vector<any_key_path> non_tensor_keys(bool include_nested = true) const;
 
   template <class T = non_tensor_value, class... Keys>
     requires(sizeof...(Keys) > 0 && (std::is_convertible_v<const Keys&, std::string_view> && ...))
@@ -705,37 +469,11 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // ---- keys ---------------------------------------------------------------------------
 
   // The same tensors under joined keys: ("0", "weight") becomes "0.weight".
-  AnyTensorDict flatten_keys(std::string_view separator = ".") const {
-    AnyTensorDict out(batch_size(), device());
-    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      const std::string joined = join(path, separator);
-      if (out.node_->find(joined) != npos)
-        throw key_error("AnyTensorDict.flatten_keys: two leaves flatten to \"" + joined + "\"");
-      out.insert_leaf({joined}, t);
-    });
-    for (const any_key_path& path : non_tensor_keys()) {
-      const std::string joined = join(path, separator);
-      if (out.contains({joined})) throw key_error("AnyTensorDict.flatten_keys: two entries flatten to \"" + joined + "\"");
-      out.set_non_tensor({joined}, non_tensor(path));
-    }
-    return out;
-  }
+  TENSORDICT_DECL AnyTensorDict flatten_keys(std::string_view separator = ".") const;
 
   // The inverse: "0.weight" becomes ("0", "weight"). Keys of sub-trees are
   // split too. A key that is both a leaf and a prefix throws key_error.
-  AnyTensorDict unflatten_keys(std::string_view separator = ".") const {
-    if (separator.empty()) throw value_error("AnyTensorDict.unflatten_keys: the separator is empty");
-    AnyTensorDict out(batch_size(), device());
-    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      out.insert_leaf(split_keys(path, separator), t);
-    });
-    for (const any_key_path& path : non_tensor_keys()) {
-      const any_key_path split = split_keys(path, separator);
-      if (out.contains(split)) throw key_error("AnyTensorDict.unflatten_keys: the key " + to_string(split) + " is given twice");
-      out.set_non_tensor(split, non_tensor(path));
-    }
-    return out;
-  }
+  TENSORDICT_DECL AnyTensorDict unflatten_keys(std::string_view separator = ".") const;
 
   // ---- locking --------------------------------------------------------------------------
 
@@ -745,13 +483,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     set_locked(*node_, true);
     return *this;
   }
-  AnyTensorDict& unlock_() {
-    for (auto p = node_->parent.lock(); p; p = p->parent.lock())
-      if (p->locked)
-        throw lock_error("TensorDict.unlock_: this TensorDict is part of a locked TensorDict; unlock that one instead");
-    set_locked(*node_, false);
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& unlock_();
   bool is_locked() const { return node_->locked; }
 
   // ---- conversions -------------------------------------------------------------------------
@@ -776,13 +508,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
   // ---- printing -----------------------------------------------------------------------------
 
-  std::string repr(print_style style = print_style::one_line) const {
-    std::string out = "TensorDict(batch_size=" + format_sizes(batch_size());
-    if (device()) out += ", device=" + device()->str();
-    out += ", fields={";
-    print_level(out, *node_, style == print_style::multiline);
-    return out + "})";
-  }
+  TENSORDICT_DECL std::string repr(print_style style = print_style::one_line) const;
   friend std::ostream& operator<<(std::ostream& os, const AnyTensorDict& td) { return os << td.repr(); }
 
   // Whether two handles view the same node (not a comparison of values).
@@ -792,37 +518,14 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // A key as errors print it (tensordict_ops' messages).
   static std::string key_name(const any_key_path& k) { return to_string(k); }
   // update_at_ and index_put_ (`op` names the call in errors).
-  AnyTensorDict& write_other_at(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op) {
-    std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, indices, op);
-    const std::string call = std::string("AnyTensorDict.") + op;
-    std::vector<pending_write> writes;
-    writes.reserve(other.leaf_count());
-    other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      auto at = resolve(path, call.c_str());
-      if (!at.node->is_leaf(at.index))
-        throw key_error(call + ": " + to_string(path) + " is a sub-tree here and a tensor in other");
-      writes.push_back({at.node->tensors[at.index], t});
-    });
-    write_at(writes, indices, op, [&](std::size_t k) {  // other's k-th leaf
-      std::string name;
-      std::size_t n = 0;
-      other.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
-        if (n++ == k) name = to_string(path);
-      });
-      return name;
-    });
-    for (auto& [entry, value] : non_tensor_writes) *entry = std::move(value);  // cannot throw
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDict& write_other_at(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op);
   friend AnyTensorDict stack(c10::ArrayRef<AnyTensorDict>, std::int64_t);
   friend AnyTensorDict cat(c10::ArrayRef<AnyTensorDict>, std::int64_t);
 
   batch_names& stored_names() const { return root_->names; }
   std::size_t named_dims() const { return root_->batch_dims; }
   // The names for a new root with this level's batch size (a nested level's own dims have none).
-  batch_names stored_names_padded() const {
-    return root_->names.empty() ? batch_names{} : detail::names_or_none(root_->names, batch_dims());
-  }
+  TENSORDICT_DECL batch_names stored_names_padded() const;
 
   struct location {
     detail::any_node* node = nullptr;  // the node that holds the last key
@@ -833,16 +536,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       : root_(std::move(root)), node_(std::move(node)) {}
 
   // Each key of path split at separator: ("a.b", "c") with "." is ("a", "b", "c").
-  static any_key_path split_keys(const any_key_path& path, std::string_view separator) {
-    any_key_path split;
-    for (const auto& part : path) {
-      std::size_t start = 0;
-      for (std::size_t pos; (pos = part.find(separator, start)) != std::string::npos; start = pos + separator.size())
-        split.push_back(part.substr(start, pos - start));
-      split.push_back(part.substr(start));
-    }
-    return split;
-  }
+  TENSORDICT_DECL static any_key_path split_keys(const any_key_path& path, std::string_view separator);
 
   template <class... Keys>
   static any_key_path path_of(const Keys&... keys) {
@@ -867,155 +561,34 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       return set(path, AnyTensorDict(value));
   }
 
-  location locate(c10::ArrayRef<std::string> path) const {
-    detail::any_node* node = node_.get();
-    for (std::size_t k = 0; k < path.size(); ++k) {
-      const std::size_t i = node->find(path[k]);
-      if (i == npos) return {};
-      if (k + 1 == path.size()) return {node, i};
-      if (node->is_leaf(i)) return {};
-      node = node->children[i].get();
-    }
-    return {};
-  }
+  TENSORDICT_DECL location locate(c10::ArrayRef<std::string> path) const;
 
   // For update_at_: each of other's non-tensor entries written at `indices`
   // into the entry here, as new entries to put in place once every write checked.
-  std::vector<std::pair<NonTensor*, NonTensor>> non_tensors_written_at(const AnyTensorDict& other,
-                                                                     c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op) {
-    std::vector<std::pair<NonTensor*, NonTensor>> out;
-    const std::vector<any_key_path> paths = other.non_tensor_keys();
-    if (paths.empty()) return out;
-    const auto batch = detail::batch_indices(indices, batch_dims());
-    const std::string files = detail::written_through_file(values());
-    for (const any_key_path& path : paths) {
-      const std::string where = std::string("TensorDict.") + op + "(" + to_string(path) + "): ";
-      auto at = locate_non_tensor(path);
-      if (!at.node) throw key_error(where + "other holds non-tensor data there, this TensorDict " + (contains(path) ? "a tensor or a sub-tree" : "nothing"));
-      NonTensor& mine = at.node->non_tensors[at.index];
-      if (auto written = detail::non_tensor_written_at(mine, other.non_tensor(path), at.node->batch, batch, where, files))
-        out.emplace_back(&mine, std::move(*written));
-    }
-    return out;
-  }
+  TENSORDICT_DECL std::vector<std::pair<NonTensor*, NonTensor>> non_tensors_written_at(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op);
 
   // The node and position of a non-tensor entry at path, or none.
-  location locate_non_tensor(c10::ArrayRef<std::string> path) const {
-    if (path.empty()) return {};
-    const location parent = path.size() == 1 ? location{} : locate(path.slice(0, path.size() - 1));
-    if (path.size() > 1 && (!parent.node || parent.node->is_leaf(parent.index))) return {};
-    detail::any_node* node = path.size() == 1 ? node_.get() : parent.node->children[parent.index].get();
-    const std::size_t i = node->find_non_tensor(path.back());
-    return i == npos ? location{} : location{node, i};
-  }
+  TENSORDICT_DECL location locate_non_tensor(c10::ArrayRef<std::string> path) const;
 
   // As locate, but throws key_error naming the key and the keys available there.
-  location resolve(c10::ArrayRef<std::string> path, const char* op) const {
-    if (path.empty()) throw key_error(std::string(op) + ": needs a key path of at least one key");
-    detail::any_node* node = node_.get();
-    for (std::size_t k = 0;; ++k) {
-      const std::size_t i = node->find(path[k]);
-      if (i == npos) {
-        if (const std::size_t j = node->find_non_tensor(path[k]); j != npos)
-          throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) +
-                          " holds non-tensor data (" + node->non_tensors[j].repr() +
-                          "), not a tensor or a sub-tree; read it with get_non_tensor(...) or non_tensor(...)");
-        std::string where = k == 0 ? "at the top level" : "under " + to_string(path.slice(0, k));
-        throw key_error(std::string(op) + "(" + to_string(path) + "): no key \"" + path[k] + "\" " + where +
-                        "; the keys there are " + node->listing());
-      }
-      if (k + 1 == path.size()) return {node, i};
-      if (node->is_leaf(i))
-        throw key_error(std::string(op) + "(" + to_string(path) + "): the key path goes on after the leaf " +
-                        to_string(path.slice(0, k + 1)) + " (" + describe(node->tensors[i]) + ")");
-      node = node->children[i].get();
-    }
-  }
+  TENSORDICT_DECL location resolve(c10::ArrayRef<std::string> path, const char* op) const;
 
   // The batch size of the level that holds path.back(), or would once set
   // creates the missing sub-trees (they take the deepest existing one's).
-  c10::IntArrayRef batch_at(c10::ArrayRef<std::string> path) const {
-    const detail::any_node* node = node_.get();
-    for (std::size_t k = 0; k + 1 < path.size(); ++k) {
-      const std::size_t i = node->find(path[k]);
-      if (i == npos || node->is_leaf(i)) break;
-      node = node->children[i].get();
-    }
-    return node->batch;
-  }
+  TENSORDICT_DECL c10::IntArrayRef batch_at(c10::ArrayRef<std::string> path) const;
   // As batch_at, where the sub-trees to create take the batch sizes of `like`'s sub-trees at the same keys.
-  c10::IntArrayRef batch_at(c10::ArrayRef<std::string> path, const AnyTensorDict& like) const {
-    const detail::any_node* node = node_.get();
-    const detail::any_node* theirs = like.node_.get();
-    bool mine = true;
-    for (std::size_t k = 0; k + 1 < path.size(); ++k) {
-      const std::size_t j = theirs->find(path[k]);
-      if (j == npos || theirs->is_leaf(j)) break;
-      theirs = theirs->children[j].get();
-      const std::size_t i = mine ? node->find(path[k]) : npos;
-      if (i == npos || node->is_leaf(i)) {
-        if (!detail::starts_with(theirs->batch, node->batch))
-          throw shape_error("AnyTensorDict.update: the TensorDict " + to_string(path.slice(0, k + 1)) + " has batch_size=" +
-                            format_sizes(theirs->batch) + ", which does not start with " + format_sizes(node->batch));
-        mine = false;
-        node = theirs;
-      } else {
-        node = node->children[i].get();
-      }
-    }
-    return node->batch;
-  }
+  TENSORDICT_DECL c10::IntArrayRef batch_at(c10::ArrayRef<std::string> path, const AnyTensorDict& like) const;
 
   // The node that will hold path.back(), its sub-trees created when missing
   // (with the batch sizes of `like`'s sub-trees at the same keys, if given).
   // Nothing is created unless the whole call can succeed.
-  detail::any_node& parent_for_write(c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like = nullptr) {
-    detail::any_node* node = node_.get();
-    std::size_t k = 0;
-    for (; k + 1 < path.size(); ++k) {
-      const std::size_t i = node->find(path[k]);
-      if (i == npos) {
-        check_not_non_tensor(*node, path, k, op);
-        break;
-      }
-      if (node->is_leaf(i))
-        throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) +
-                        " holds a tensor (" + describe(node->tensors[i]) + "), so it cannot hold the key \"" +
-                        path[k + 1] + "\"");
-      node = node->children[i].get();
-    }
-    check_unlocked(*node, path, op);
-    for (; k + 1 < path.size(); ++k) {
-      node = &node->add_child(path[k]);
-      if (!like) continue;
-      auto theirs = like->locate(path.slice(0, k + 1));
-      if (theirs.node && !theirs.node->is_leaf(theirs.index)) node->batch = theirs.node->children[theirs.index]->batch;
-    }
-    return *node;
-  }
+  TENSORDICT_DECL detail::any_node& parent_for_write(c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like = nullptr);
 
   // path[k], which path goes on after, is not a non-tensor entry of node.
-  static void check_not_non_tensor(const detail::any_node& node, c10::ArrayRef<std::string> path, std::size_t k, const char* op) {
-    if (const std::size_t j = node.find_non_tensor(path[k]); j != npos)
-      throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) + " holds non-tensor data (" +
-                      node.non_tensors[j].repr() + "), so it cannot hold the key \"" + path[k + 1] + "\"");
-  }
+  TENSORDICT_DECL static void check_not_non_tensor(const detail::any_node& node, c10::ArrayRef<std::string> path, std::size_t k, const char* op);
 
   // The node that would hold path.back() is not locked (nodes still to be created are not).
-  void check_writable_path(c10::ArrayRef<std::string> path, const char* op) const {
-    const detail::any_node* node = node_.get();
-    for (std::size_t k = 0; k + 1 < path.size(); ++k) {
-      const std::size_t i = node->find(path[k]);
-      if (i == npos) {
-        check_not_non_tensor(*node, path, k, op);
-        break;
-      }
-      if (node->is_leaf(i))
-        throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) + " holds a tensor");
-      node = node->children[i].get();
-    }
-    check_unlocked(*node, path, op);
-  }
+  TENSORDICT_DECL void check_writable_path(c10::ArrayRef<std::string> path, const char* op) const;
 
   // Calls f(path, node, index) for the entries keys(include_nested, leaves_only) lists.
   template <class F>
@@ -1033,52 +606,16 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
 
   // Puts a copy of entry `index` of `from` (a leaf, or a sub-tree with the same tensors) at path.
-  void put_entry(c10::ArrayRef<std::string> path, const detail::any_node& from, std::size_t index, const char* op,
-                 const AnyTensorDict* like) {
-    detail::any_node& target = parent_for_write(path, op, like);
-    if (target.find(path.back()) != npos || target.find_non_tensor(path.back()) != npos)
-      throw key_error(std::string(op) + ": the key " + to_string(path) + " is given twice");
-    if (from.is_leaf(index)) target.add_leaf(path.back(), from.tensors[index]);
-    else target.add_child(path.back(), copy_node(*from.children[index]));
-  }
+  TENSORDICT_DECL void put_entry(c10::ArrayRef<std::string> path, const detail::any_node& from, std::size_t index, const char* op, const AnyTensorDict* like);
 
-  static void check_unlocked(const detail::any_node& node, c10::ArrayRef<std::string> path, const char* op) {
-    if (node.locked)
-      throw lock_error(std::string(op) + "(" + to_string(path) +
-                       "): the TensorDict is locked, so its keys cannot be replaced or removed. Write into the tensor "
-                       "in place (get(...).copy_(value)) or call unlock_() first.");
-  }
+  TENSORDICT_DECL static void check_unlocked(const detail::any_node& node, c10::ArrayRef<std::string> path, const char* op);
 
   // Inserts a leaf during construction (no lock or batch checks: the caller made them).
-  void insert_leaf(const any_key_path& path, const at::Tensor& t) {
-    detail::any_node* node = node_.get();
-    for (std::size_t k = 0; k + 1 < path.size(); ++k) {
-      const std::size_t i = node->find(path[k]);
-      if (i == npos) {
-        check_not_non_tensor(*node, path, k, "AnyTensorDict");
-        node = &node->add_child(path[k]);
-        continue;
-      }
-      if (node->is_leaf(i))
-        throw key_error("AnyTensorDict: " + to_string(path) + " needs " + to_string(c10::ArrayRef<std::string>(path).slice(0, k + 1)) +
-                        " to be a sub-tree, but it is a leaf");
-      node = node->children[i].get();
-    }
-    if (node->find(path.back()) != npos || node->find_non_tensor(path.back()) != npos)
-      throw key_error("AnyTensorDict: the key " + to_string(path) + " is given twice");
-    node->add_leaf(path.back(), t);
-  }
+  TENSORDICT_DECL void insert_leaf(const any_key_path& path, const at::Tensor& t);
 
   // A leaf about to be set at path: on this TensorDict's device, starting with
   // the batch size of the level that will hold it (see batch_at).
-  at::Tensor checked_leaf(at::Tensor t, c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like = nullptr) const {
-    if (device() && t.device() != *device()) t = t.to(*device());
-    const auto batch = like ? batch_at(path, *like) : batch_at(path);
-    if (!detail::has_batch_prefix(t, batch))
-      throw shape_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) +
-                        ", but its leading dims must be the batch size " + format_sizes(batch));
-    return t;
-  }
+  TENSORDICT_DECL at::Tensor checked_leaf(at::Tensor t, c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like = nullptr) const;
 
   template <class F>
   static void visit(const detail::any_node& node, any_key_path& path, F& f) {
@@ -1093,32 +630,11 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
 
   // The same structure in new nodes (unlocked, without a parent), holding the same tensors.
-  static std::shared_ptr<detail::any_node> copy_node(const detail::any_node& from) {
-    auto out = std::make_shared<detail::any_node>();
-    out->batch = from.batch;
-    for (std::size_t i = 0; i < from.size(); ++i) {
-      if (from.children[i]) out->add_child(from.names[i], copy_node(*from.children[i]));
-      else out->add_leaf(from.names[i], from.tensors[i]);
-    }
-    out->non_tensor_names = from.non_tensor_names;
-    out->non_tensors = from.non_tensors;
-    return out;
-  }
+  TENSORDICT_DECL static std::shared_ptr<detail::any_node> copy_node(const detail::any_node& from);
 
-  static void relocate(detail::any_node& node, at::Device device) {
-    for (std::size_t i = 0; i < node.size(); ++i) {
-      if (node.children[i])
-        relocate(*node.children[i], device);
-      else if (node.tensors[i].device() != device)
-        node.tensors[i] = node.tensors[i].to(device);
-    }
-  }
+  TENSORDICT_DECL static void relocate(detail::any_node& node, at::Device device);
 
-  static void set_locked(detail::any_node& node, bool locked) {
-    node.locked = locked;
-    for (auto& c : node.children)
-      if (c) set_locked(*c, locked);
-  }
+  TENSORDICT_DECL static void set_locked(detail::any_node& node, bool locked);
 
   // f(path, leaf) at every leaf, into a new TensorDict of batch size `batch`
   // whose nested levels' batch sizes follow `rule`; a leaf for which f
@@ -1182,38 +698,8 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
 
   // Python's auto_batch_size_: nested levels first, then this one from its leaves' shapes and its levels' batch sizes.
-  AnyTensorDict auto_batched(std::optional<std::size_t> batch_dims) const {
-    AnyTensorDict out(batch_size(), device());
-    out.node_ = auto_level(*node_, batch_dims);
-    if (out.batch_size().equals(batch_size())) out.root_->names = stored_names_padded();
-    out.root_->batch_dims = out.batch_dims();
-    return out;
-  }
-  static std::shared_ptr<detail::any_node> auto_level(const detail::any_node& from, std::optional<std::size_t> batch_dims) {
-    auto node = std::make_shared<detail::any_node>();
-    std::vector<c10::IntArrayRef> shapes;
-    for (std::size_t i = 0; i < from.size(); ++i) {
-      if (from.children[i]) {
-        node->add_child(from.names[i], auto_level(*from.children[i], batch_dims));
-        shapes.push_back(node->children.back()->batch);
-      } else {
-        node->add_leaf(from.names[i], from.tensors[i]);
-        shapes.push_back(from.tensors[i].sizes());
-      }
-    }
-    for (const NonTensor& v : from.non_tensors)
-      if (v.is_stack()) shapes.push_back(v.shape());
-    node->batch = detail::common_batch(shapes, from.batch, batch_dims);
-    for (std::size_t i = 0; i < from.non_tensors.size(); ++i) {
-      const NonTensor& v = from.non_tensors[i];
-      if (v.is_stack() && !c10::IntArrayRef(node->batch).equals(v.shape()))
-        throw value_error("TensorDict.auto_batch_size_: " + from.non_tensor_names[i] + " holds one value per element of " +
-                          format_sizes(v.shape()) + ", but the batch size would become " + format_sizes(node->batch));
-      node->non_tensor_names.push_back(from.non_tensor_names[i]);
-      node->non_tensors.push_back(v);
-    }
-    return node;
-  }
+  TENSORDICT_DECL AnyTensorDict auto_batched(std::optional<std::size_t> batch_dims) const;
+  TENSORDICT_DECL static std::shared_ptr<detail::any_node> auto_level(const detail::any_node& from, std::optional<std::size_t> batch_dims);
 
   template <class F>
   AnyTensorDict compare(const AnyTensorDict& other, const char* op, F&& f) const {
@@ -1234,117 +720,61 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
     return out;
   }
 
+  // The schema's paths, built once per schema for the conversions' untyped parts.
+  template <schema_type S>
+  static const detail::schema_table& table_of() {
+    static const detail::schema_table table = [] {
+      detail::schema_table t;
+      for (std::size_t i = 0; i < S::leaf_count; ++i) t.leaves.push_back(leaf_path<S>(i));
+      for (std::size_t i = 0; i < S::non_tensor_count; ++i) t.non_tensors.push_back(non_tensor_path<S>(i));
+      for (std::size_t k = 0; k < S::node_count; ++k) {
+        t.node_paths.push_back(TensorDict<S>::node_path(k));
+        t.node_names.push_back(TensorDict<S>::node_name(k));
+      }
+      const auto& parents = detail::node_parents_of<S>::value;
+      t.parents.assign(parents.begin(), parents.end());
+      return t;
+    }();
+    return table;
+  }
+  template <schema_type S>
+  static detail::typed_contents contents_of(const TensorDict<S>& td) {
+    detail::typed_contents c{{}, {}, {}, td.batch_size(), td.device(), td.names(), td.is_locked()};
+    for (std::size_t i = 0; i < S::leaf_count; ++i) c.leaves.push_back(td.leaf(i));
+    for (std::size_t i = 0; i < S::non_tensor_count; ++i) c.non_tensors.push_back(&td.non_tensor_at(i));
+    for (std::size_t k = 0; k < S::node_count; ++k) c.node_batches.push_back(td.node_batch(k));
+    return c;
+  }
+  // The typed constructor's work: every set leaf and non-tensor entry, nested levels' batch sizes, names, the lock.
+  TENSORDICT_DECL void take_typed(const detail::schema_table& table, const detail::typed_contents& typed);
+
+  // to_typed's work: the leaves, non-tensor entries and nested batch sizes of a TensorDict of the
+  // schema `table` describes (key_error listing every difference); like: the reference, or null.
+  struct typed_parts {
+    std::vector<at::Tensor> leaves;
+    std::vector<std::optional<NonTensor>> non_tensors;
+    std::vector<std::vector<std::int64_t>> batches;
+  };
+  TENSORDICT_DECL typed_parts typed_parts_of(const detail::schema_table& table, const detail::typed_contents* like,
+                                             to_typed_options options) const;
+
   template <schema_type S>
   TensorDict<S> typed_from(const TensorDict<S>* like, to_typed_options options) const {
-    std::string problems;
-    auto problem = [&](std::string text) { problems += "\n  " + text; };
-    // The index of `path` among count key paths path_at(i), or npos.
-    auto index_in = [](auto path_at, std::size_t count, const any_key_path& path) {
-      for (std::size_t i = 0; i < count; ++i) {
-        const key_path p = path_at(i);
-        if (p.size() == path.size() && std::equal(p.begin(), p.end(), path.begin())) return i;
-      }
-      return npos;
-    };
+    std::optional<detail::typed_contents> reference;
+    if (like) reference = contents_of(*like);
+    typed_parts parts = typed_parts_of(table_of<S>(), reference ? &*reference : nullptr, options);
     std::array<at::Tensor, S::leaf_count> leaves;
-    for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      const std::size_t found = index_in(leaf_path<S>, S::leaf_count, path);
-      if (found == npos) {
-        if (!options.ignore_extra) problem(to_string(path) + ": not a leaf of the schema (" + describe(t) + ")");
-        return;
-      }
-      if (like) {
-        const at::Tensor& expected = like->leaf(found);
-        if (!expected.defined()) return problem(to_string(path) + ": unset in the reference, but given " + describe(t));
-        if (expected.sizes() != t.sizes() || expected.scalar_type() != t.scalar_type())
-          return problem(to_string(path) + ": expected " + describe(expected) + ", got " + describe(t));
-      } else if (!detail::has_batch_prefix(t, batch_size())) {
-        return problem(to_string(path) + ": " + describe(t) + " does not start with the batch size " +
-                       format_sizes(batch_size()));
-      }
-      leaves[found] = t;
-    });
-    std::array<std::optional<NonTensor>, S::non_tensor_count> non_tensors;
-    for (const any_key_path& path : non_tensor_keys()) {
-      const NonTensor& v = non_tensor(path);
-      const std::size_t found = index_in(non_tensor_path<S>, S::non_tensor_count, path);
-      if (found == npos) {
-        if (!options.ignore_extra)
-          problem(to_string(path) + ": non-tensor data (" + v.repr() + "), which the schema has no non_tensor<...> field for");
-      } else if (like && !like->non_tensor_at(found))
-        problem(to_string(path) + ": unset in the reference, but given " + v.repr());
-      else
-        non_tensors[found] = v;
-    }
-    // The batch size of each nested level of S: the level here, or its parent's where there is none.
-    constexpr auto& parents = detail::node_parents_of<S>::value;
-    std::vector<std::vector<std::int64_t>> batches(S::node_count, batch_size().vec());
-    for (std::size_t k = 1; k < S::node_count; ++k) {  // parents first
-      const auto path = TensorDict<S>::node_path(k);
-      auto at = path ? locate(any_key_path(path->begin(), path->end())) : location{};
-      batches[k] = at.node && !at.node->is_leaf(at.index) ? at.node->children[at.index]->batch : batches[parents[k]];
-      if (like && !like->node_batch(k).equals(batches[k]))
-        problem(TensorDict<S>::node_name(k) + ": batch_size: expected " + format_sizes(like->node_batch(k)) + ", got " +
-                format_sizes(batches[k]));
-    }
-    if (like) {
-      if (like->batch_size() != batch_size())
-        problem("batch_size: expected " + format_sizes(like->batch_size()) + ", got " + format_sizes(batch_size()));
-      for (std::size_t i = 0; i < S::leaf_count; ++i)
-        if (like->leaf(i).defined() && !leaves[i].defined() && !contains_path(leaf_path<S>(i)))
-          problem(to_string(leaf_path<S>(i)) + ": missing (expected " + describe(like->leaf(i)) + ")");
-      for (std::size_t i = 0; i < S::non_tensor_count; ++i)
-        if (like->non_tensor_at(i) && !non_tensors[i] && !contains_path(non_tensor_path<S>(i)))
-          problem(to_string(non_tensor_path<S>(i)) + ": missing (expected " + like->non_tensor_at(i)->repr() + ")");
-    } else if (!options.allow_missing) {
-      for (std::size_t i = 0; i < S::leaf_count; ++i)
-        if (!leaves[i].defined() && !contains_path(leaf_path<S>(i)))
-          problem(to_string(leaf_path<S>(i)) + ": missing (to_typed<S>({.allow_missing = true}) leaves it unset)");
-      for (std::size_t i = 0; i < S::non_tensor_count; ++i)
-        if (!non_tensors[i] && !contains_path(non_tensor_path<S>(i)))
-          problem(to_string(non_tensor_path<S>(i)) + ": missing (to_typed<S>({.allow_missing = true}) leaves it unset)");
-    }
-    if (!problems.empty())
-      throw key_error("AnyTensorDict.to_typed: the TensorDict does not match the schema:" + problems);
+    std::move(parts.leaves.begin(), parts.leaves.end(), leaves.begin());
     TensorDict<S> out(std::move(leaves), batch_size(), device());
-    out.st_->batches = std::move(batches);
-    std::move(non_tensors.begin(), non_tensors.end(), out.st_->non_tensors.begin());
+    out.st_->batches = std::move(parts.batches);
+    std::move(parts.non_tensors.begin(), parts.non_tensors.end(), out.st_->non_tensors.begin());
     if (is_locked()) out.lock_();
     return out;
   }
 
-  bool contains_path(key_path lp) const {
-    return contains(any_key_path(lp.begin(), lp.end()));
-  }
+  TENSORDICT_DECL bool contains_path(key_path lp) const;
 
-  static void print_level(std::string& out, const detail::any_node& node, bool multiline) {
-    // Positions past node.size() are the non-tensor entries.
-    std::vector<std::size_t> order(node.size() + node.non_tensors.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    auto name = [&](std::size_t i) -> const std::string& {
-      return i < node.size() ? node.names[i] : node.non_tensor_names[i - node.size()];
-    };
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return name(a) < name(b); });
-    bool first = true;
-    for (std::size_t i : order) {
-      if (!first) out += multiline ? "," : ", ";
-      if (multiline) out += "\n    ";
-      out += name(i);
-      out += ": ";
-      if (i >= node.size()) {
-        out += node.non_tensors[i - node.size()].repr();
-      } else if (node.children[i]) {
-        out += '{';
-        // A level with dims of its own beyond its parent's shows its batch size.
-        if (node.children[i]->batch != node.batch) out += "batch_size=" + format_sizes(node.children[i]->batch) + (node.children[i]->size() + node.children[i]->non_tensors.size() ? ", " : "");
-        print_level(out, *node.children[i], false);
-        out += '}';
-      } else {
-        out += describe(node.tensors[i]);
-      }
-      first = false;
-    }
-  }
+  TENSORDICT_DECL static void print_level(std::string& out, const detail::any_node& node, bool multiline);
 
   std::shared_ptr<detail::any_root> root_;
   std::shared_ptr<detail::any_node> node_;
@@ -1352,15 +782,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
 
 namespace detail {
 // A flat dict of dotted keys ("0.weight", a state_dict()) as a tree; anything else as it is.
-inline AnyTensorDict unflatten_if_flat(const AnyTensorDict& td) {
-  bool flat = !td.empty();
-  bool dotted = false;
-  for (const auto& name : td.level_keys()) {
-    flat = flat && td.is_leaf({name});
-    dotted = dotted || name.find('.') != std::string::npos;
-  }
-  return flat && dotted ? td.unflatten_keys(".") : td;
-}
+TENSORDICT_DECL AnyTensorDict unflatten_if_flat(const AnyTensorDict& td);
 
 // The leaves of several TensorDicts with the same keys, joined by join(path,
 // parts), level by level: batch_of(the TensorDicts' views of a level, its
@@ -1425,7 +847,778 @@ AnyTensorDict join_tensordicts(c10::ArrayRef<AnyTensorDict> tds, const char* op,
 }  // namespace detail
 
 // Stacks TensorDicts with the same keys along a new batch dim.
-inline AnyTensorDict stack(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0) {
+TENSORDICT_DECL AnyTensorDict stack(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0);
+inline AnyTensorDict stack(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
+  return stack(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);
+}
+
+// Concatenates TensorDicts with the same keys along an existing batch dim.
+TENSORDICT_DECL AnyTensorDict cat(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0);
+inline AnyTensorDict cat(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
+  return cat(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);
+}
+
+}  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict {
+TENSORDICT_DECL void detail::any_node::put_non_tensor(std::string_view name, NonTensor value) {
+  if (const std::size_t i = find(name); i != npos) erase_at(i);
+  if (const std::size_t i = find_non_tensor(name); i != npos) {
+    non_tensors[i] = std::move(value);
+    return;
+  }
+  non_tensor_names.emplace_back(name);
+  non_tensors.push_back(std::move(value));
+}
+
+TENSORDICT_DECL detail::any_node& detail::any_node::add_child(std::string name, std::shared_ptr<any_node> child) {
+  if (!child) {
+    child = std::make_shared<any_node>();
+    child->batch = batch;
+  }
+  child->parent = weak_from_this();
+  positions.emplace(name, names.size());
+  names.push_back(std::move(name));
+  tensors.emplace_back();
+  children.push_back(std::move(child));
+  return *children.back();
+}
+
+TENSORDICT_DECL void detail::any_node::erase_at(std::size_t i) {
+  if (children[i]) children[i]->parent.reset();  // a view of the sub-tree lives on, detached
+  names.erase(names.begin() + static_cast<std::ptrdiff_t>(i));
+  tensors.erase(tensors.begin() + static_cast<std::ptrdiff_t>(i));
+  children.erase(children.begin() + static_cast<std::ptrdiff_t>(i));
+  positions.clear();
+  for (std::size_t k = 0; k < names.size(); ++k) positions.emplace(names[k], k);
+}
+
+TENSORDICT_DECL void detail::any_node::put(std::string_view name, at::Tensor tensor, std::shared_ptr<detail::any_node> child) {
+  if (const std::size_t k = find_non_tensor(name); k != npos) erase_non_tensor(k);
+  const std::size_t i = find(name);
+  if (i == npos) {
+    if (child) add_child(std::string(name), std::move(child));
+    else add_leaf(std::string(name), std::move(tensor));
+    return;
+  }
+  if (children[i]) children[i]->parent.reset();  // a view of the old sub-tree lives on, detached
+  if (child) child->parent = weak_from_this();
+  tensors[i] = std::move(tensor);
+  children[i] = std::move(child);
+}
+
+TENSORDICT_DECL std::string detail::any_node::listing() const {
+  if (names.empty() && non_tensor_names.empty()) return "none (it is empty)";
+  std::vector<std::string> sorted = names;
+  sorted.insert(sorted.end(), non_tensor_names.begin(), non_tensor_names.end());
+  std::sort(sorted.begin(), sorted.end());
+  return quoted_names(sorted);
+}
+
+TENSORDICT_DECL std::vector<any_key_path> AnyTensorDict::keys() const {
+  std::vector<any_key_path> out;
+  for_each_leaf([&](const any_key_path& p, const at::Tensor&) { out.push_back(p); });
+  return out;
+}
+
+TENSORDICT_DECL std::vector<at::Tensor> AnyTensorDict::values() const {
+  std::vector<at::Tensor> out;
+  for_each_leaf([&](const any_key_path&, const at::Tensor& t) { out.push_back(t); });
+  return out;
+}
+
+TENSORDICT_DECL std::vector<std::pair<any_key_path, at::Tensor>> AnyTensorDict::items() const {
+  std::vector<std::pair<any_key_path, at::Tensor>> out;
+  for_each_leaf([&](const any_key_path& p, const at::Tensor& t) { out.emplace_back(p, t); });
+  return out;
+}
+
+TENSORDICT_DECL std::vector<any_key_path> AnyTensorDict::keys(bool include_nested, bool leaves_only) const {
+  std::vector<any_key_path> out;
+  walk(include_nested, leaves_only, [&](const any_key_path& p, const detail::any_node&, std::size_t) { out.push_back(p); });
+  return out;
+}
+
+TENSORDICT_DECL std::vector<std::pair<any_key_path, AnyTensorDict::item>> AnyTensorDict::items(bool include_nested, bool leaves_only) const {
+  std::vector<std::pair<any_key_path, item>> out;
+  walk(include_nested, leaves_only, [&](const any_key_path& p, const detail::any_node& node, std::size_t i) {
+    if (node.is_leaf(i)) out.emplace_back(p, item(std::in_place_index<0>, node.tensors[i]));
+    else out.emplace_back(p, item(std::in_place_index<1>, AnyTensorDict(root_, node.children[i])));
+  });
+  return out;
+}
+
+TENSORDICT_DECL std::size_t AnyTensorDict::leaf_count() const {
+  std::size_t n = 0;
+  for_each_leaf([&](const any_key_path&, const at::Tensor&) { ++n; });
+  return n;
+}
+
+TENSORDICT_DECL bool AnyTensorDict::contains(c10::ArrayRef<std::string> path) const {
+  return locate(path).node != nullptr || locate_non_tensor(path).node != nullptr;
+}
+
+TENSORDICT_DECL bool AnyTensorDict::is_leaf(c10::ArrayRef<std::string> path) const {
+  auto at = locate(path);
+  return at.node && at.node->is_leaf(at.index);
+}
+
+TENSORDICT_DECL const at::Tensor& AnyTensorDict::get(c10::ArrayRef<std::string> path) const {
+  auto at = resolve(path, "AnyTensorDict.get");
+  if (!at.node->is_leaf(at.index))
+    throw key_error("AnyTensorDict.get(" + to_string(path) + "): this key holds a sub-tree (keys " +
+                    at.node->children[at.index]->listing() + "), not a tensor; use get_tensordict(...) for it");
+  return at.node->tensors[at.index];
+}
+
+TENSORDICT_DECL AnyTensorDict AnyTensorDict::get_tensordict(c10::ArrayRef<std::string> path) const {
+  if (path.empty()) return *this;
+  auto at = resolve(path, "AnyTensorDict.get_tensordict");
+  if (at.node->is_leaf(at.index))
+    throw key_error("AnyTensorDict.get_tensordict(" + to_string(path) + "): this key holds a tensor (" +
+                    describe(at.node->tensors[at.index]) + "), not a sub-tree; use get(...) for it");
+  return AnyTensorDict(root_, at.node->children[at.index]);
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::set(c10::ArrayRef<std::string> path, at::Tensor value) {
+  if (path.empty()) throw key_error("AnyTensorDict.set: needs a key path of at least one key");
+  if (!value.defined()) throw value_error("AnyTensorDict.set(" + to_string(path) + "): the tensor is undefined");
+  value = checked_leaf(std::move(value), path, "AnyTensorDict.set");
+  parent_for_write(path, "AnyTensorDict.set").put(path.back(), std::move(value), nullptr);
+  return *this;
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::set(c10::ArrayRef<std::string> path, const AnyTensorDict& value) {
+  if (path.empty()) throw key_error("AnyTensorDict.set: needs a key path of at least one key");
+  if (const auto parent = batch_at(path); !detail::starts_with(value.batch_size(), parent))
+    throw shape_error("AnyTensorDict.set(" + to_string(path) + "): expected a TensorDict whose batch_size starts with " +
+                      format_sizes(parent) + ", got batch_size=" + format_sizes(value.batch_size()));
+  auto copy = copy_node(*value.node_);
+  if (device()) relocate(*copy, *device());
+  parent_for_write(path, "AnyTensorDict.set").put(path.back(), at::Tensor(), std::move(copy));
+  return *this;
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::set_(c10::ArrayRef<std::string> path, const at::Tensor& value) {
+  const at::Tensor& leaf = get(path);
+  detail::check_copy(leaf, value, "AnyTensorDict.set_", to_string(path));
+  at::Tensor(leaf).copy_(value);
+  return *this;
+}
+
+TENSORDICT_DECL AnyTensorDict AnyTensorDict::select(const std::vector<any_key_path>& paths, bool strict) const {
+  AnyTensorDict out(batch_size(), device());
+  out.root_->names = stored_names_padded();
+  for (const auto& path : paths) {
+    if (!strict && !contains(path)) continue;
+    if (auto nt = locate_non_tensor(path); nt.node) {
+      detail::any_node& target = out.parent_for_write(path, "AnyTensorDict.select", this);
+      if (target.find(path.back()) != npos || target.find_non_tensor(path.back()) != npos)
+        throw key_error("AnyTensorDict.select: the key " + to_string(path) + " is given twice");
+      target.put_non_tensor(path.back(), nt.node->non_tensors[nt.index]);
+      continue;
+    }
+    auto at = resolve(path, "AnyTensorDict.select");
+    out.put_entry(path, *at.node, at.index, "AnyTensorDict.select", this);
+  }
+  return out;
+}
+
+TENSORDICT_DECL AnyTensorDict AnyTensorDict::exclude(const std::vector<any_key_path>& paths) const {
+  AnyTensorDict out(batch_size(), device());
+  out.root_->names = stored_names_padded();
+  out.node_ = copy_node(*node_);
+  for (const auto& path : paths)
+    if (out.contains(path)) out.erase(path);
+  return out;
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::rename_key_(c10::ArrayRef<std::string> from, c10::ArrayRef<std::string> to, bool safe) {
+  const std::string where = "AnyTensorDict.rename_key_(" + to_string(from) + ", " + to_string(to) + "): ";
+  const location nt = locate_non_tensor(from);
+  const location at = nt.node ? nt : resolve(from, "AnyTensorDict.rename_key_");
+  check_unlocked(*at.node, from, "AnyTensorDict.rename_key_");
+  if (from.equals(to)) return *this;
+  if (!nt.node && to.size() > from.size() && to.slice(0, from.size()).equals(from))
+    throw key_error(where + "the new key is inside the old one");
+  if (safe && contains(to)) throw key_error(where + "the new key exists (safe=true)");
+  const auto there = batch_at(to);
+  if (nt.node) {
+    NonTensor moved = nt.node->non_tensors[nt.index];
+    if (moved.is_stack() && !there.equals(moved.shape()))
+      throw shape_error(where + moved.repr() + " does not have the batch size " + format_sizes(there) + " of the level that would hold it");
+    detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
+    nt.node->erase_non_tensor(nt.index);
+    target.put_non_tensor(to.back(), std::move(moved));
+    return *this;
+  }
+  at::Tensor tensor = at.node->tensors[at.index];
+  std::shared_ptr<detail::any_node> child = at.node->children[at.index];
+  const auto moved = child ? c10::IntArrayRef(child->batch) : tensor.sizes();
+  if (!detail::starts_with(moved, there))
+    throw shape_error(where + (child ? "the TensorDict's batch_size=" + format_sizes(moved) : "the leaf " + describe(tensor)) +
+                      " does not start with the batch size " + format_sizes(there) + " of the level that would hold it");
+  detail::any_node& target = parent_for_write(to, "AnyTensorDict.rename_key_");  // the last call that may throw
+  at.node->erase_at(at.index);
+  target.put(to.back(), std::move(tensor), std::move(child));
+  return *this;
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::update(const AnyTensorDict& other) {
+  std::vector<std::pair<any_key_path, at::Tensor>> incoming;
+  other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    auto at = locate(path);
+    if (at.node && !at.node->is_leaf(at.index))
+      throw key_error("AnyTensorDict.update: " + to_string(path) + " is a sub-tree here and a tensor in other");
+    check_writable_path(path, "AnyTensorDict.update");
+    incoming.emplace_back(path, checked_leaf(t, path, "AnyTensorDict.update", &other));
+  });
+  std::vector<std::pair<any_key_path, NonTensor>> non_tensors;
+  for (const any_key_path& path : other.non_tensor_keys()) {
+    check_writable_path(path, "AnyTensorDict.update");
+    const NonTensor& v = other.non_tensor(path);
+    if (v.is_stack() && !batch_at(path, other).equals(v.shape()))
+      throw shape_error("AnyTensorDict.update: " + to_string(path) + " is " + v.repr() + ", but the level here has batch_size=" +
+                        format_sizes(batch_at(path, other)));
+    non_tensors.emplace_back(path, v);
+  }
+  for (auto& [path, t] : incoming)
+    parent_for_write(path, "AnyTensorDict.update", &other).put(path.back(), std::move(t), nullptr);
+  for (auto& [path, v] : non_tensors) parent_for_write(path, "AnyTensorDict.update", &other).put_non_tensor(path.back(), std::move(v));
+  return *this;
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::update_(const AnyTensorDict& other) {
+  std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, {}, "update_");
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+  other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    auto at = resolve(path, "AnyTensorDict.update_");
+    if (!at.node->is_leaf(at.index))
+      throw key_error("AnyTensorDict.update_: " + to_string(path) + " is a sub-tree here and a tensor in other");
+    detail::check_copy(at.node->tensors[at.index], t, "AnyTensorDict.update_", to_string(path));
+    pairs.emplace_back(at.node->tensors[at.index], t);
+  });
+  for (auto& [mine, theirs] : pairs) mine.copy_(theirs);
+  for (auto& [entry, value] : non_tensor_writes) *entry = std::move(value);  // cannot throw
+  return *this;
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::erase(c10::ArrayRef<std::string> path) {
+  if (auto nt = locate_non_tensor(path); nt.node) {
+    check_unlocked(*nt.node, path, "AnyTensorDict.erase");
+    nt.node->erase_non_tensor(nt.index);
+    return *this;
+  }
+  auto at = resolve(path, "AnyTensorDict.erase");
+  check_unlocked(*at.node, path, "AnyTensorDict.erase");
+  at.node->erase_at(at.index);
+  return *this;
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::set_non_tensor(c10::ArrayRef<std::string> path, NonTensor value) {
+  if (path.empty()) throw key_error("AnyTensorDict.set_non_tensor: needs a key path of at least one key");
+  if (value.is_stack() && !batch_at(path).equals(value.shape()))
+    throw shape_error("AnyTensorDict.set_non_tensor(" + to_string(path) + "): a NonTensorStack of shape " +
+                      format_sizes(value.shape()) + " where the batch size is " + format_sizes(batch_at(path)));
+  parent_for_write(path, "AnyTensorDict.set_non_tensor").put_non_tensor(path.back(), std::move(value));
+  return *this;
+}
+
+TENSORDICT_DECL const NonTensor& AnyTensorDict::non_tensor(c10::ArrayRef<std::string> path) const {
+  auto at = locate_non_tensor(path);
+  if (!at.node) {
+    if (locate(path).node)
+      throw key_error("AnyTensorDict.non_tensor(" + to_string(path) + "): it holds a " +
+                      (is_leaf(path) ? "tensor (" + describe(get(path)) + ")" : std::string("sub-tree")) +
+                      ", not non-tensor data; use get(...) for it");
+    (void)resolve(path, "AnyTensorDict.non_tensor");  // throws, naming the keys there
+  }
+  return at.node->non_tensors[at.index];
+}
+
+TENSORDICT_DECL std::vector<any_key_path> AnyTensorDict::non_tensor_keys(bool include_nested) const {
+  std::vector<any_key_path> out;
+  any_key_path path;
+  auto level = [&](auto& self, const detail::any_node& node) -> void {
+    for (const std::string& name : node.non_tensor_names) {
+      path.push_back(name);
+      out.push_back(path);
+      path.pop_back();
+    }
+    if (!include_nested) return;
+    for (std::size_t i = 0; i < node.size(); ++i)
+      if (!node.is_leaf(i)) {
+        path.push_back(node.names[i]);
+        self(self, *node.children[i]);
+        path.pop_back();
+      }
+  };
+  level(level, *node_);
+  return out;
+}
+
+TENSORDICT_DECL AnyTensorDict AnyTensorDict::flatten_keys(std::string_view separator) const {
+  AnyTensorDict out(batch_size(), device());
+  for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    const std::string joined = join(path, separator);
+    if (out.node_->find(joined) != npos)
+      throw key_error("AnyTensorDict.flatten_keys: two leaves flatten to \"" + joined + "\"");
+    out.insert_leaf({joined}, t);
+  });
+  for (const any_key_path& path : non_tensor_keys()) {
+    const std::string joined = join(path, separator);
+    if (out.contains({joined})) throw key_error("AnyTensorDict.flatten_keys: two entries flatten to \"" + joined + "\"");
+    out.set_non_tensor({joined}, non_tensor(path));
+  }
+  return out;
+}
+
+TENSORDICT_DECL AnyTensorDict AnyTensorDict::unflatten_keys(std::string_view separator) const {
+  if (separator.empty()) throw value_error("AnyTensorDict.unflatten_keys: the separator is empty");
+  AnyTensorDict out(batch_size(), device());
+  for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    out.insert_leaf(split_keys(path, separator), t);
+  });
+  for (const any_key_path& path : non_tensor_keys()) {
+    const any_key_path split = split_keys(path, separator);
+    if (out.contains(split)) throw key_error("AnyTensorDict.unflatten_keys: the key " + to_string(split) + " is given twice");
+    out.set_non_tensor(split, non_tensor(path));
+  }
+  return out;
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::unlock_() {
+  for (auto p = node_->parent.lock(); p; p = p->parent.lock())
+    if (p->locked)
+      throw lock_error("TensorDict.unlock_: this TensorDict is part of a locked TensorDict; unlock that one instead");
+  set_locked(*node_, false);
+  return *this;
+}
+
+TENSORDICT_DECL std::string AnyTensorDict::repr(print_style style) const {
+  std::string out = "TensorDict(batch_size=" + format_sizes(batch_size());
+  if (device()) out += ", device=" + device()->str();
+  out += ", fields={";
+  print_level(out, *node_, style == print_style::multiline);
+  return out + "})";
+}
+
+TENSORDICT_DECL AnyTensorDict& AnyTensorDict::write_other_at(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op) {
+  std::vector<std::pair<NonTensor*, NonTensor>> non_tensor_writes = non_tensors_written_at(other, indices, op);
+  const std::string call = std::string("AnyTensorDict.") + op;
+  std::vector<pending_write> writes;
+  writes.reserve(other.leaf_count());
+  other.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    auto at = resolve(path, call.c_str());
+    if (!at.node->is_leaf(at.index))
+      throw key_error(call + ": " + to_string(path) + " is a sub-tree here and a tensor in other");
+    writes.push_back({at.node->tensors[at.index], t});
+  });
+  write_at(writes, indices, op, [&](std::size_t k) {  // other's k-th leaf
+    std::string name;
+    std::size_t n = 0;
+    other.for_each_leaf([&](const any_key_path& path, const at::Tensor&) {
+      if (n++ == k) name = to_string(path);
+    });
+    return name;
+  });
+  for (auto& [entry, value] : non_tensor_writes) *entry = std::move(value);  // cannot throw
+  return *this;
+}
+
+TENSORDICT_DECL batch_names AnyTensorDict::stored_names_padded() const {
+  return root_->names.empty() ? batch_names{} : detail::names_or_none(root_->names, batch_dims());
+}
+
+TENSORDICT_DECL any_key_path AnyTensorDict::split_keys(const any_key_path& path, std::string_view separator) {
+  any_key_path split;
+  for (const auto& part : path) {
+    std::size_t start = 0;
+    for (std::size_t pos; (pos = part.find(separator, start)) != std::string::npos; start = pos + separator.size())
+      split.push_back(part.substr(start, pos - start));
+    split.push_back(part.substr(start));
+  }
+  return split;
+}
+
+TENSORDICT_DECL AnyTensorDict::location AnyTensorDict::locate(c10::ArrayRef<std::string> path) const {
+  detail::any_node* node = node_.get();
+  for (std::size_t k = 0; k < path.size(); ++k) {
+    const std::size_t i = node->find(path[k]);
+    if (i == npos) return {};
+    if (k + 1 == path.size()) return {node, i};
+    if (node->is_leaf(i)) return {};
+    node = node->children[i].get();
+  }
+  return {};
+}
+
+TENSORDICT_DECL std::vector<std::pair<NonTensor*, NonTensor>> AnyTensorDict::non_tensors_written_at(const AnyTensorDict& other, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op) {
+  std::vector<std::pair<NonTensor*, NonTensor>> out;
+  const std::vector<any_key_path> paths = other.non_tensor_keys();
+  if (paths.empty()) return out;
+  const auto batch = detail::batch_indices(indices, batch_dims());
+  const std::string files = detail::written_through_file(values());
+  for (const any_key_path& path : paths) {
+    const std::string where = std::string("TensorDict.") + op + "(" + to_string(path) + "): ";
+    auto at = locate_non_tensor(path);
+    if (!at.node) throw key_error(where + "other holds non-tensor data there, this TensorDict " + (contains(path) ? "a tensor or a sub-tree" : "nothing"));
+    NonTensor& mine = at.node->non_tensors[at.index];
+    if (auto written = detail::non_tensor_written_at(mine, other.non_tensor(path), at.node->batch, batch, where, files))
+      out.emplace_back(&mine, std::move(*written));
+  }
+  return out;
+}
+
+TENSORDICT_DECL AnyTensorDict::location AnyTensorDict::locate_non_tensor(c10::ArrayRef<std::string> path) const {
+  if (path.empty()) return {};
+  const location parent = path.size() == 1 ? location{} : locate(path.slice(0, path.size() - 1));
+  if (path.size() > 1 && (!parent.node || parent.node->is_leaf(parent.index))) return {};
+  detail::any_node* node = path.size() == 1 ? node_.get() : parent.node->children[parent.index].get();
+  const std::size_t i = node->find_non_tensor(path.back());
+  return i == npos ? location{} : location{node, i};
+}
+
+TENSORDICT_DECL AnyTensorDict::location AnyTensorDict::resolve(c10::ArrayRef<std::string> path, const char* op) const {
+  if (path.empty()) throw key_error(std::string(op) + ": needs a key path of at least one key");
+  detail::any_node* node = node_.get();
+  for (std::size_t k = 0;; ++k) {
+    const std::size_t i = node->find(path[k]);
+    if (i == npos) {
+      if (const std::size_t j = node->find_non_tensor(path[k]); j != npos)
+        throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) +
+                        " holds non-tensor data (" + node->non_tensors[j].repr() +
+                        "), not a tensor or a sub-tree; read it with get_non_tensor(...) or non_tensor(...)");
+      std::string where = k == 0 ? "at the top level" : "under " + to_string(path.slice(0, k));
+      throw key_error(std::string(op) + "(" + to_string(path) + "): no key \"" + path[k] + "\" " + where +
+                      "; the keys there are " + node->listing());
+    }
+    if (k + 1 == path.size()) return {node, i};
+    if (node->is_leaf(i))
+      throw key_error(std::string(op) + "(" + to_string(path) + "): the key path goes on after the leaf " +
+                      to_string(path.slice(0, k + 1)) + " (" + describe(node->tensors[i]) + ")");
+    node = node->children[i].get();
+  }
+}
+
+TENSORDICT_DECL c10::IntArrayRef AnyTensorDict::batch_at(c10::ArrayRef<std::string> path) const {
+  const detail::any_node* node = node_.get();
+  for (std::size_t k = 0; k + 1 < path.size(); ++k) {
+    const std::size_t i = node->find(path[k]);
+    if (i == npos || node->is_leaf(i)) break;
+    node = node->children[i].get();
+  }
+  return node->batch;
+}
+
+TENSORDICT_DECL c10::IntArrayRef AnyTensorDict::batch_at(c10::ArrayRef<std::string> path, const AnyTensorDict& like) const {
+  const detail::any_node* node = node_.get();
+  const detail::any_node* theirs = like.node_.get();
+  bool mine = true;
+  for (std::size_t k = 0; k + 1 < path.size(); ++k) {
+    const std::size_t j = theirs->find(path[k]);
+    if (j == npos || theirs->is_leaf(j)) break;
+    theirs = theirs->children[j].get();
+    const std::size_t i = mine ? node->find(path[k]) : npos;
+    if (i == npos || node->is_leaf(i)) {
+      if (!detail::starts_with(theirs->batch, node->batch))
+        throw shape_error("AnyTensorDict.update: the TensorDict " + to_string(path.slice(0, k + 1)) + " has batch_size=" +
+                          format_sizes(theirs->batch) + ", which does not start with " + format_sizes(node->batch));
+      mine = false;
+      node = theirs;
+    } else {
+      node = node->children[i].get();
+    }
+  }
+  return node->batch;
+}
+
+TENSORDICT_DECL detail::any_node& AnyTensorDict::parent_for_write(c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like) {
+  detail::any_node* node = node_.get();
+  std::size_t k = 0;
+  for (; k + 1 < path.size(); ++k) {
+    const std::size_t i = node->find(path[k]);
+    if (i == npos) {
+      check_not_non_tensor(*node, path, k, op);
+      break;
+    }
+    if (node->is_leaf(i))
+      throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) +
+                      " holds a tensor (" + describe(node->tensors[i]) + "), so it cannot hold the key \"" +
+                      path[k + 1] + "\"");
+    node = node->children[i].get();
+  }
+  check_unlocked(*node, path, op);
+  for (; k + 1 < path.size(); ++k) {
+    node = &node->add_child(path[k]);
+    if (!like) continue;
+    auto theirs = like->locate(path.slice(0, k + 1));
+    if (theirs.node && !theirs.node->is_leaf(theirs.index)) node->batch = theirs.node->children[theirs.index]->batch;
+  }
+  return *node;
+}
+
+TENSORDICT_DECL void AnyTensorDict::check_not_non_tensor(const detail::any_node& node, c10::ArrayRef<std::string> path, std::size_t k, const char* op) {
+  if (const std::size_t j = node.find_non_tensor(path[k]); j != npos)
+    throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) + " holds non-tensor data (" +
+                    node.non_tensors[j].repr() + "), so it cannot hold the key \"" + path[k + 1] + "\"");
+}
+
+TENSORDICT_DECL void AnyTensorDict::check_writable_path(c10::ArrayRef<std::string> path, const char* op) const {
+  const detail::any_node* node = node_.get();
+  for (std::size_t k = 0; k + 1 < path.size(); ++k) {
+    const std::size_t i = node->find(path[k]);
+    if (i == npos) {
+      check_not_non_tensor(*node, path, k, op);
+      break;
+    }
+    if (node->is_leaf(i))
+      throw key_error(std::string(op) + "(" + to_string(path) + "): " + to_string(path.slice(0, k + 1)) + " holds a tensor");
+    node = node->children[i].get();
+  }
+  check_unlocked(*node, path, op);
+}
+
+TENSORDICT_DECL void AnyTensorDict::put_entry(c10::ArrayRef<std::string> path, const detail::any_node& from, std::size_t index, const char* op, const AnyTensorDict* like) {
+  detail::any_node& target = parent_for_write(path, op, like);
+  if (target.find(path.back()) != npos || target.find_non_tensor(path.back()) != npos)
+    throw key_error(std::string(op) + ": the key " + to_string(path) + " is given twice");
+  if (from.is_leaf(index)) target.add_leaf(path.back(), from.tensors[index]);
+  else target.add_child(path.back(), copy_node(*from.children[index]));
+}
+
+TENSORDICT_DECL void AnyTensorDict::check_unlocked(const detail::any_node& node, c10::ArrayRef<std::string> path, const char* op) {
+  if (node.locked)
+    throw lock_error(std::string(op) + "(" + to_string(path) +
+                     "): the TensorDict is locked, so its keys cannot be replaced or removed. Write into the tensor "
+                     "in place (get(...).copy_(value)) or call unlock_() first.");
+}
+
+TENSORDICT_DECL void AnyTensorDict::insert_leaf(const any_key_path& path, const at::Tensor& t) {
+  detail::any_node* node = node_.get();
+  for (std::size_t k = 0; k + 1 < path.size(); ++k) {
+    const std::size_t i = node->find(path[k]);
+    if (i == npos) {
+      check_not_non_tensor(*node, path, k, "AnyTensorDict");
+      node = &node->add_child(path[k]);
+      continue;
+    }
+    if (node->is_leaf(i))
+      throw key_error("AnyTensorDict: " + to_string(path) + " needs " + to_string(c10::ArrayRef<std::string>(path).slice(0, k + 1)) +
+                      " to be a sub-tree, but it is a leaf");
+    node = node->children[i].get();
+  }
+  if (node->find(path.back()) != npos || node->find_non_tensor(path.back()) != npos)
+    throw key_error("AnyTensorDict: the key " + to_string(path) + " is given twice");
+  node->add_leaf(path.back(), t);
+}
+
+TENSORDICT_DECL at::Tensor AnyTensorDict::checked_leaf(at::Tensor t, c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like) const {
+  if (device() && t.device() != *device()) t = t.to(*device());
+  const auto batch = like ? batch_at(path, *like) : batch_at(path);
+  if (!detail::has_batch_prefix(t, batch))
+    throw shape_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) +
+                      ", but its leading dims must be the batch size " + format_sizes(batch));
+  return t;
+}
+
+TENSORDICT_DECL std::shared_ptr<detail::any_node> AnyTensorDict::copy_node(const detail::any_node& from) {
+  auto out = std::make_shared<detail::any_node>();
+  out->batch = from.batch;
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    if (from.children[i]) out->add_child(from.names[i], copy_node(*from.children[i]));
+    else out->add_leaf(from.names[i], from.tensors[i]);
+  }
+  out->non_tensor_names = from.non_tensor_names;
+  out->non_tensors = from.non_tensors;
+  return out;
+}
+
+TENSORDICT_DECL void AnyTensorDict::relocate(detail::any_node& node, at::Device device) {
+  for (std::size_t i = 0; i < node.size(); ++i) {
+    if (node.children[i])
+      relocate(*node.children[i], device);
+    else if (node.tensors[i].device() != device)
+      node.tensors[i] = node.tensors[i].to(device);
+  }
+}
+
+TENSORDICT_DECL void AnyTensorDict::set_locked(detail::any_node& node, bool locked) {
+  node.locked = locked;
+  for (auto& c : node.children)
+    if (c) set_locked(*c, locked);
+}
+
+TENSORDICT_DECL AnyTensorDict AnyTensorDict::auto_batched(std::optional<std::size_t> batch_dims) const {
+  AnyTensorDict out(batch_size(), device());
+  out.node_ = auto_level(*node_, batch_dims);
+  if (out.batch_size().equals(batch_size())) out.root_->names = stored_names_padded();
+  out.root_->batch_dims = out.batch_dims();
+  return out;
+}
+
+TENSORDICT_DECL std::shared_ptr<detail::any_node> AnyTensorDict::auto_level(const detail::any_node& from, std::optional<std::size_t> batch_dims) {
+  auto node = std::make_shared<detail::any_node>();
+  std::vector<c10::IntArrayRef> shapes;
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    if (from.children[i]) {
+      node->add_child(from.names[i], auto_level(*from.children[i], batch_dims));
+      shapes.push_back(node->children.back()->batch);
+    } else {
+      node->add_leaf(from.names[i], from.tensors[i]);
+      shapes.push_back(from.tensors[i].sizes());
+    }
+  }
+  for (const NonTensor& v : from.non_tensors)
+    if (v.is_stack()) shapes.push_back(v.shape());
+  node->batch = detail::common_batch(shapes, from.batch, batch_dims);
+  for (std::size_t i = 0; i < from.non_tensors.size(); ++i) {
+    const NonTensor& v = from.non_tensors[i];
+    if (v.is_stack() && !c10::IntArrayRef(node->batch).equals(v.shape()))
+      throw value_error("TensorDict.auto_batch_size_: " + from.non_tensor_names[i] + " holds one value per element of " +
+                        format_sizes(v.shape()) + ", but the batch size would become " + format_sizes(node->batch));
+    node->non_tensor_names.push_back(from.non_tensor_names[i]);
+    node->non_tensors.push_back(v);
+  }
+  return node;
+}
+
+TENSORDICT_DECL void AnyTensorDict::take_typed(const detail::schema_table& table, const detail::typed_contents& typed) {
+  for (std::size_t i = 0; i < table.leaves.size(); ++i)
+    if (typed.leaves[i].defined()) insert_leaf(any_key_path(table.leaves[i].begin(), table.leaves[i].end()), typed.leaves[i]);
+  for (std::size_t i = 0; i < table.non_tensors.size(); ++i)
+    if (const auto& v = *typed.non_tensors[i]) {
+      const any_key_path path(table.non_tensors[i].begin(), table.non_tensors[i].end());
+      parent_for_write(path, "AnyTensorDict").put_non_tensor(path.back(), *v);
+    }
+  // Nested levels keep dims of their own (a level without a set leaf or non-tensor entry is not kept).
+  for (std::size_t k = 1; k < table.node_paths.size(); ++k)  // parents first
+    if (const auto& path = table.node_paths[k]) {
+      auto at = locate(any_key_path(path->begin(), path->end()));
+      if (at.node && !at.node->is_leaf(at.index)) at.node->children[at.index]->batch = typed.node_batches[k].vec();
+    }
+  root_->names = detail::checked_names(typed.names, typed.batch_size, "names");
+  if (typed.locked) lock_();
+}
+
+TENSORDICT_DECL AnyTensorDict::typed_parts AnyTensorDict::typed_parts_of(const detail::schema_table& table,
+                                                                         const detail::typed_contents* like,
+                                                                         to_typed_options options) const {
+  std::string problems;
+  auto problem = [&](std::string text) { problems += "\n  " + text; };
+  // The index of `path` among the key paths `paths`, or npos.
+  auto index_in = [](const std::vector<key_path>& paths, const any_key_path& path) {
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      const key_path& p = paths[i];
+      if (p.size() == path.size() && std::equal(p.begin(), p.end(), path.begin())) return i;
+    }
+    return npos;
+  };
+  const std::size_t leaf_count = table.leaves.size(), non_tensor_count = table.non_tensors.size(), node_count = table.node_paths.size();
+  typed_parts out{std::vector<at::Tensor>(leaf_count), std::vector<std::optional<NonTensor>>(non_tensor_count), {}};
+  for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    const std::size_t found = index_in(table.leaves, path);
+    if (found == npos) {
+      if (!options.ignore_extra) problem(to_string(path) + ": not a leaf of the schema (" + describe(t) + ")");
+      return;
+    }
+    if (like) {
+      const at::Tensor& expected = like->leaves[found];
+      if (!expected.defined()) return problem(to_string(path) + ": unset in the reference, but given " + describe(t));
+      if (expected.sizes() != t.sizes() || expected.scalar_type() != t.scalar_type())
+        return problem(to_string(path) + ": expected " + describe(expected) + ", got " + describe(t));
+    } else if (!detail::has_batch_prefix(t, batch_size())) {
+      return problem(to_string(path) + ": " + describe(t) + " does not start with the batch size " + format_sizes(batch_size()));
+    }
+    out.leaves[found] = t;
+  });
+  for (const any_key_path& path : non_tensor_keys()) {
+    const NonTensor& v = non_tensor(path);
+    const std::size_t found = index_in(table.non_tensors, path);
+    if (found == npos) {
+      if (!options.ignore_extra)
+        problem(to_string(path) + ": non-tensor data (" + v.repr() + "), which the schema has no non_tensor<...> field for");
+    } else if (like && !*like->non_tensors[found])
+      problem(to_string(path) + ": unset in the reference, but given " + v.repr());
+    else
+      out.non_tensors[found] = v;
+  }
+  // The batch size of each nested level of the schema: the level here, or its parent's where there is none.
+  out.batches.assign(node_count, batch_size().vec());
+  for (std::size_t k = 1; k < node_count; ++k) {  // parents first
+    const auto& path = table.node_paths[k];
+    auto at = path ? locate(any_key_path(path->begin(), path->end())) : location{};
+    out.batches[k] = at.node && !at.node->is_leaf(at.index) ? at.node->children[at.index]->batch : out.batches[table.parents[k]];
+    if (like && !like->node_batches[k].equals(out.batches[k]))
+      problem(table.node_names[k] + ": batch_size: expected " + format_sizes(like->node_batches[k]) + ", got " +
+              format_sizes(out.batches[k]));
+  }
+  if (like) {
+    if (like->batch_size != batch_size())
+      problem("batch_size: expected " + format_sizes(like->batch_size) + ", got " + format_sizes(batch_size()));
+    for (std::size_t i = 0; i < leaf_count; ++i)
+      if (like->leaves[i].defined() && !out.leaves[i].defined() && !contains_path(table.leaves[i]))
+        problem(to_string(table.leaves[i]) + ": missing (expected " + describe(like->leaves[i]) + ")");
+    for (std::size_t i = 0; i < non_tensor_count; ++i)
+      if (*like->non_tensors[i] && !out.non_tensors[i] && !contains_path(table.non_tensors[i]))
+        problem(to_string(table.non_tensors[i]) + ": missing (expected " + (*like->non_tensors[i])->repr() + ")");
+  } else if (!options.allow_missing) {
+    for (std::size_t i = 0; i < leaf_count; ++i)
+      if (!out.leaves[i].defined() && !contains_path(table.leaves[i]))
+        problem(to_string(table.leaves[i]) + ": missing (to_typed<S>({.allow_missing = true}) leaves it unset)");
+    for (std::size_t i = 0; i < non_tensor_count; ++i)
+      if (!out.non_tensors[i] && !contains_path(table.non_tensors[i]))
+        problem(to_string(table.non_tensors[i]) + ": missing (to_typed<S>({.allow_missing = true}) leaves it unset)");
+  }
+  if (!problems.empty()) throw key_error("AnyTensorDict.to_typed: the TensorDict does not match the schema:" + problems);
+  return out;
+}
+
+TENSORDICT_DECL bool AnyTensorDict::contains_path(key_path lp) const {
+  return contains(any_key_path(lp.begin(), lp.end()));
+}
+
+TENSORDICT_DECL void AnyTensorDict::print_level(std::string& out, const detail::any_node& node, bool multiline) {
+  // Positions past node.size() are the non-tensor entries.
+  std::vector<std::size_t> order(node.size() + node.non_tensors.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto name = [&](std::size_t i) -> const std::string& {
+    return i < node.size() ? node.names[i] : node.non_tensor_names[i - node.size()];
+  };
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return name(a) < name(b); });
+  bool first = true;
+  for (std::size_t i : order) {
+    if (!first) out += multiline ? "," : ", ";
+    if (multiline) out += "\n    ";
+    out += name(i);
+    out += ": ";
+    if (i >= node.size()) {
+      out += node.non_tensors[i - node.size()].repr();
+    } else if (node.children[i]) {
+      out += '{';
+      // A level with dims of its own beyond its parent's shows its batch size.
+      if (node.children[i]->batch != node.batch) out += "batch_size=" + format_sizes(node.children[i]->batch) + (node.children[i]->size() + node.children[i]->non_tensors.size() ? ", " : "");
+      print_level(out, *node.children[i], false);
+      out += '}';
+    } else {
+      out += describe(node.tensors[i]);
+    }
+    first = false;
+  }
+}
+
+TENSORDICT_DECL AnyTensorDict detail::unflatten_if_flat(const AnyTensorDict& td) {
+  bool flat = !td.empty();
+  bool dotted = false;
+  for (const auto& name : td.level_keys()) {
+    flat = flat && td.is_leaf({name});
+    dotted = dotted || name.find('.') != std::string::npos;
+  }
+  return flat && dotted ? td.unflatten_keys(".") : td;
+}
+
+TENSORDICT_DECL AnyTensorDict stack(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim) {
   if (tds.empty()) throw shape_error("tensordict::stack: needs at least one TensorDict");
   const auto nb = static_cast<std::int64_t>(tds[0].batch_dims());
   if (dim < -(nb + 1) || dim > nb)
@@ -1452,12 +1645,8 @@ inline AnyTensorDict stack(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 
                                     return at::stack(parts, dim);
                                   });
 }
-inline AnyTensorDict stack(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
-  return stack(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);
-}
 
-// Concatenates TensorDicts with the same keys along an existing batch dim.
-inline AnyTensorDict cat(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0) {
+TENSORDICT_DECL AnyTensorDict cat(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim) {
   detail::cat_batch_size(tds, dim);  // checks the batch sizes and resolves a negative dim
   auto batch_of = [&](const std::vector<AnyTensorDict>& views, const any_key_path&) {
     std::int64_t d = dim;
@@ -1468,8 +1657,5 @@ inline AnyTensorDict cat(c10::ArrayRef<AnyTensorDict> tds, std::int64_t dim = 0)
                                     return detail::cat_leaf(parts, dim, to_string(path));
                                   });
 }
-inline AnyTensorDict cat(std::initializer_list<AnyTensorDict> tds, std::int64_t dim = 0) {
-  return cat(c10::ArrayRef<AnyTensorDict>(tds.begin(), tds.size()), dim);
-}
-
 }  // namespace tensordict
+#endif  // TENSORDICT_DEFINITIONS

@@ -31,6 +31,7 @@
 #include <variant>
 #include <vector>
 
+#include "detail/config.hpp"
 #include "errors.hpp"
 
 namespace tensordict {
@@ -39,23 +40,7 @@ namespace tensordict {
 using non_tensor_value = std::variant<std::monostate, bool, std::int64_t, double, std::string>;
 
 // As Python's repr: None, True, 7, 0.5, 'reach-target'.
-inline std::string repr(const non_tensor_value& v) {
-  struct {
-    std::string operator()(std::monostate) const { return "None"; }
-    std::string operator()(bool b) const { return b ? "True" : "False"; }
-    std::string operator()(std::int64_t i) const { return std::to_string(i); }
-    std::string operator()(double d) const {
-      if (std::isnan(d)) return "nan";
-      if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
-      std::string s = std::to_string(d);
-      s.erase(s.find_last_not_of('0') + 1);
-      if (s.back() == '.') s += '0';
-      return s;
-    }
-    std::string operator()(const std::string& s) const { return "'" + s + "'"; }
-  } show;
-  return std::visit(show, v);
-}
+TENSORDICT_DECL std::string repr(const non_tensor_value& v);
 
 // The name of a value's kind, as errors print it: "str", "int".
 inline const char* kind_name(const non_tensor_value& v) {
@@ -79,18 +64,7 @@ class NonTensor {
 
   // NonTensorStack: `values` row-major over `shape` (at least one dim), as
   // Python's NonTensorStack.tolist() flattened.
-  static NonTensor stack(std::vector<non_tensor_value> values, std::vector<std::int64_t> shape) {
-    const std::int64_t n = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
-    if (shape.empty()) throw shape_error("NonTensor::stack: a NonTensorStack needs at least one dim (one value is a NonTensorData)");
-    if (n < 0 || static_cast<std::uint64_t>(n) != values.size())
-      throw shape_error("NonTensor::stack: " + std::to_string(values.size()) + " values for the shape " + sizes(shape) + " (" +
-                        std::to_string(n) + " elements)");
-    NonTensor out{std::monostate{}};
-    out.values_ = std::move(values);
-    out.shape_ = std::move(shape);
-    out.stacked_ = true;
-    return out;
-  }
+  TENSORDICT_DECL static NonTensor stack(std::vector<non_tensor_value> values, std::vector<std::int64_t> shape);
   static NonTensor stack(std::initializer_list<non_tensor_value> values, std::vector<std::int64_t> shape) {
     return stack(std::vector<non_tensor_value>(values), std::move(shape));
   }
@@ -119,15 +93,7 @@ class NonTensor {
   }
 
   // NonTensorData('reach-target'), NonTensorStack(shape=[3, 2], ['alpha', 'alpha', 'beta', ...]).
-  std::string repr() const {
-    if (!stacked_) return "NonTensorData(" + tensordict::repr(values_.front()) + ")";
-    std::string out = "NonTensorStack(shape=" + sizes(shape_) + ", [";
-    for (std::size_t i = 0; i < values_.size() && i < 4; ++i) {
-      if (i) out += ", ";
-      out += tensordict::repr(values_[i]);
-    }
-    return out + (values_.size() > 4 ? ", ...])" : "])");
-  }
+  TENSORDICT_DECL std::string repr() const;
 
  private:
   static std::string sizes(const std::vector<std::int64_t>& s) {
@@ -145,3 +111,48 @@ class NonTensor {
 };
 
 }  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict {
+TENSORDICT_DECL std::string repr(const non_tensor_value& v) {
+  struct {
+    std::string operator()(std::monostate) const { return "None"; }
+    std::string operator()(bool b) const { return b ? "True" : "False"; }
+    std::string operator()(std::int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const {
+      if (std::isnan(d)) return "nan";
+      if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+      std::string s = std::to_string(d);
+      s.erase(s.find_last_not_of('0') + 1);
+      if (s.back() == '.') s += '0';
+      return s;
+    }
+    std::string operator()(const std::string& s) const { return "'" + s + "'"; }
+  } show;
+  return std::visit(show, v);
+}
+
+TENSORDICT_DECL NonTensor NonTensor::stack(std::vector<non_tensor_value> values, std::vector<std::int64_t> shape) {
+  const std::int64_t n = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
+  if (shape.empty()) throw shape_error("NonTensor::stack: a NonTensorStack needs at least one dim (one value is a NonTensorData)");
+  if (n < 0 || static_cast<std::uint64_t>(n) != values.size())
+    throw shape_error("NonTensor::stack: " + std::to_string(values.size()) + " values for the shape " + sizes(shape) + " (" +
+                      std::to_string(n) + " elements)");
+  NonTensor out{std::monostate{}};
+  out.values_ = std::move(values);
+  out.shape_ = std::move(shape);
+  out.stacked_ = true;
+  return out;
+}
+
+TENSORDICT_DECL std::string NonTensor::repr() const {
+  if (!stacked_) return "NonTensorData(" + tensordict::repr(values_.front()) + ")";
+  std::string out = "NonTensorStack(shape=" + sizes(shape_) + ", [";
+  for (std::size_t i = 0; i < values_.size() && i < 4; ++i) {
+    if (i) out += ", ";
+    out += tensordict::repr(values_[i]);
+  }
+  return out + (values_.size() > 4 ? ", ...])" : "])");
+}
+}  // namespace tensordict
+#endif  // TENSORDICT_DEFINITIONS

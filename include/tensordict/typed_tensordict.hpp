@@ -40,6 +40,7 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 
+#include "detail/config.hpp"
 #include "detail/format.hpp"
 #include "detail/non_tensor_ops.hpp"
 #include "detail/tensordict_ops.hpp"
@@ -87,6 +88,22 @@ inline bool has_batch_prefix(const at::Tensor& t, c10::IntArrayRef batch) {
   if (t.dim() < static_cast<std::int64_t>(batch.size())) return false;
   return t.sizes().slice(0, batch.size()) == batch;
 }
+
+// A leaf about to be stored (an undefined one stays so): moved to `device`, its leading dims
+// checked against `batch`, its level's batch size; errors name `path`, or `leaf` where path is empty.
+// Not a template, so that every schema's set, update and apply call one copy of it.
+TENSORDICT_DECL at::Tensor checked_leaf(at::Tensor t, const std::optional<at::Device>& device, c10::IntArrayRef batch, const char* op,
+                                        key_path leaf, const std::string& path);
+// A new TensorDict's storage: every node's batch size `batch_size`, no leaf or non-tensor entry set.
+TENSORDICT_DECL std::shared_ptr<storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device,
+                                                      std::size_t node_count, std::size_t non_tensor_count, const std::size_t* node_parents);
+// The node batch sizes of a TensorDict whose nodes had batch sizes `old` (node 0 first) once its own
+// becomes `batch`, its nested levels following `rule`; shape_error (naming node_name(k)) where one
+// would not start with its parent's.
+TENSORDICT_DECL std::vector<std::vector<std::int64_t>> mapped_batches(c10::ArrayRef<std::vector<std::int64_t>> old,
+                                                                      const std::size_t* node_parents, c10::IntArrayRef batch,
+                                                                      nested_batch rule, const char* op,
+                                                                      c10::function_ref<std::string(std::size_t)> node_name);
 
 }  // namespace detail
 
@@ -571,13 +588,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
       : st_(std::move(st)), leaf_base_(leaf_base), node_base_(node_base), non_tensor_base_(non_tensor_base) {}
 
   static std::shared_ptr<detail::storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device) {
-    auto st = std::make_shared<detail::storage>();
-    st->batches.assign(S::node_count, std::vector<std::int64_t>(batch_size.begin(), batch_size.end()));
-    st->device = device;
-    st->locked.assign(S::node_count, 0);
-    st->non_tensors.resize(S::non_tensor_count);
-    st->node_parents = detail::node_parents_of<S>::value.data();
-    return st;
+    return detail::make_storage(batch_size, device, S::node_count, S::non_tensor_count, detail::node_parents_of<S>::value.data());
   }
 
   at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
@@ -603,16 +614,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   }
   // The node batch sizes of a TensorDict of S with batch size `batch`, its nested levels' following `rule`.
   std::vector<std::vector<std::int64_t>> mapped_batches(c10::IntArrayRef batch, detail::nested_batch rule, const char* op) const {
-    constexpr auto& parents = detail::node_parents_of<S>::value;
-    std::vector<std::vector<std::int64_t>> out(S::node_count);
-    out[0] = batch.vec();
-    for (std::size_t k = 1; k < S::node_count; ++k) {
-      out[k] = detail::nested_batch_size(rule, node_batch(k), node_batch(parents[k]), out[parents[k]]);
-      if (!detail::starts_with(out[k], out[parents[k]]))
-        throw shape_error(std::string(op) + ": the nested TensorDict " + node_name(k) + " has batch_size=" +
-                          format_sizes(node_batch(k)) + ", which does not start with " + format_sizes(out[parents[k]]));
-    }
-    return out;
+    return detail::mapped_batches(c10::ArrayRef<std::vector<std::int64_t>>(st_->batches.data() + node_base_, S::node_count),
+                                  detail::node_parents_of<S>::value.data(), batch, rule, op, &node_name);
   }
   // f(leaf) at every set leaf, into a TensorDict of batch size `batch` whose
   // nested levels follow `rule`. Non-tensor fields come along: a
@@ -745,13 +748,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   }
   // A leaf about to be stored at index i: on this TensorDict's device, with its level's batch dims in front.
   at::Tensor checked_leaf(at::Tensor t, std::size_t i, const char* op, const std::string& path = {}) const {
-    if (!t.defined()) return t;
-    t = on_device(std::move(t));
-    const c10::IntArrayRef batch = node_batch(leaf_paths_v<S>[i].parent_node);
-    if (!detail::has_batch_prefix(t, batch))
-      throw shape_error(std::string(op) + ": the leaf " + (path.empty() ? path_of(i) : path) + " is " + describe(t) +
-                        ", but its leading dims must be the batch size " + format_sizes(batch));
-    return t;
+    return detail::checked_leaf(std::move(t), device(), node_batch(leaf_paths_v<S>[i].parent_node), op, leaf_path<S>(i), path);
   }
 
   // A NonTensorStack about to be stored at non-tensor index i has its level's batch size as its shape.
@@ -1114,3 +1111,43 @@ First stack(const First& first, const Rest&... rest) {
 }
 
 }  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::detail {
+TENSORDICT_DECL at::Tensor checked_leaf(at::Tensor t, const std::optional<at::Device>& device, c10::IntArrayRef batch, const char* op,
+                                        key_path leaf, const std::string& path) {
+  if (!t.defined()) return t;
+  if (device && t.device() != *device) t = t.to(*device);
+  if (!has_batch_prefix(t, batch))
+    throw shape_error(std::string(op) + ": the leaf " + (path.empty() ? to_string(leaf) : path) + " is " + describe(t) +
+                      ", but its leading dims must be the batch size " + format_sizes(batch));
+  return t;
+}
+
+TENSORDICT_DECL std::shared_ptr<storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device,
+                                                      std::size_t node_count, std::size_t non_tensor_count, const std::size_t* node_parents) {
+  auto st = std::make_shared<storage>();
+  st->batches.assign(node_count, std::vector<std::int64_t>(batch_size.begin(), batch_size.end()));
+  st->device = device;
+  st->locked.assign(node_count, 0);
+  st->non_tensors.resize(non_tensor_count);
+  st->node_parents = node_parents;
+  return st;
+}
+
+TENSORDICT_DECL std::vector<std::vector<std::int64_t>> mapped_batches(c10::ArrayRef<std::vector<std::int64_t>> old,
+                                                                      const std::size_t* parents, c10::IntArrayRef batch,
+                                                                      nested_batch rule, const char* op,
+                                                                      c10::function_ref<std::string(std::size_t)> node_name) {
+  std::vector<std::vector<std::int64_t>> out(old.size());
+  out[0] = batch.vec();
+  for (std::size_t k = 1; k < old.size(); ++k) {
+    out[k] = nested_batch_size(rule, old[k], old[parents[k]], out[parents[k]]);
+    if (!starts_with(out[k], out[parents[k]]))
+      throw shape_error(std::string(op) + ": the nested TensorDict " + node_name(k) + " has batch_size=" + format_sizes(old[k]) +
+                        ", which does not start with " + format_sizes(out[parents[k]]));
+  }
+  return out;
+}
+}  // namespace tensordict::detail
+#endif  // TENSORDICT_DEFINITIONS

@@ -1,6 +1,9 @@
 // Where the library's non-template functions are compiled (the lowered
 // ensemble machinery: batched GEMM kernels, fused autograd nodes, parallel
-// tasks; the run-time registry; the file formats; the distributions).
+// tasks; the run-time registry; the file formats; the distributions and their
+// vtables; AnyTensorDict's members; the typed TensorDict's work that does not
+// depend on its schema: leaf checks, indexed writes, batch sizes of nested
+// levels, the conversions to and from AnyTensorDict).
 //
 // By default they are only declared in a program's TUs and defined once, in
 // libtensordict (built from <tensordict/library.hpp>; Meson's dependency, the

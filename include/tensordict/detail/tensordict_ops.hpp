@@ -24,6 +24,7 @@
 #include <ATen/TensorIndexing.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/FunctionRef.h>
 #include <c10/util/SmallVector.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
@@ -35,6 +36,7 @@
 
 #include "../errors.hpp"
 #include "compat.hpp"
+#include "config.hpp"
 #include "format.hpp"
 #include "../files/detail/shared_mappings.hpp"
 
@@ -45,24 +47,10 @@ using batch_names = std::vector<std::optional<std::string>>;
 
 namespace tensordict::detail {
 
-inline std::string format_names(const batch_names& names) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + (names[i] ? '"' + *names[i] + '"' : std::string("None"));
-  return out + "]";
-}
+TENSORDICT_DECL std::string format_names(const batch_names& names);
 
 // `names` for a TensorDict of batch size `batch`: one per dim, each at most once.
-inline batch_names checked_names(const batch_names& names, c10::IntArrayRef batch, const char* op) {
-  if (names.size() != batch.size())
-    throw value_error(std::string("TensorDict.") + op + ": " + std::to_string(names.size()) + " names " + format_names(names) +
-                      " for the " + std::to_string(batch.size()) + " batch dims of batch_size=" + format_sizes(batch));
-  for (std::size_t i = 0; i < names.size(); ++i)
-    for (std::size_t j = 0; j < i; ++j)
-      if (names[i] && names[j] == names[i])
-        throw value_error(std::string("TensorDict.") + op + ": the name \"" + *names[i] + "\" is given to two batch dims " + format_names(names));
-  if (std::none_of(names.begin(), names.end(), [](const auto& n) { return n.has_value(); })) return {};
-  return names;
-}
+TENSORDICT_DECL batch_names checked_names(const batch_names& names, c10::IntArrayRef batch, const char* op);
 // The stored names, one per batch dim: a nested level's own dims (beyond the root's) have none.
 inline batch_names names_or_none(const batch_names& stored, std::size_t batch_dims) {
   batch_names out = stored;
@@ -78,87 +66,58 @@ enum class nested_batch {
   parent,  // the parent's new batch size (reductions of every leaf to a scalar)
   setter,  // Python's batch_size setter: kept unless shorter than the parent's new one, which it then takes
 };
-inline std::vector<std::int64_t> nested_batch_size(nested_batch rule, c10::IntArrayRef old_node, c10::IntArrayRef old_parent,
-                                                   c10::IntArrayRef new_parent) {
-  std::vector<std::int64_t> out(new_parent.begin(), new_parent.end());
-  if (rule == nested_batch::follow && old_node.size() > old_parent.size())
-    out.insert(out.end(), old_node.begin() + static_cast<std::ptrdiff_t>(old_parent.size()), old_node.end());
-  if (rule == nested_batch::setter && old_node.size() >= new_parent.size()) out.assign(old_node.begin(), old_node.end());
-  return out;
-}
+TENSORDICT_DECL std::vector<std::int64_t> nested_batch_size(nested_batch rule, c10::IntArrayRef old_node, c10::IntArrayRef old_parent, c10::IntArrayRef new_parent);
 // The longest leading sizes that every shape shares, at most max_dims long;
 // `fallback` (so limited) when there is no shape.
-inline std::vector<std::int64_t> common_batch(const std::vector<c10::IntArrayRef>& shapes, c10::IntArrayRef fallback,
-                                              std::optional<std::size_t> max_dims) {
-  std::vector<std::int64_t> out = shapes.empty() ? fallback.vec() : shapes[0].vec();
-  for (const auto& s : shapes) {
-    std::size_t n = 0;
-    while (n < out.size() && n < s.size() && out[n] == s[n]) ++n;
-    out.resize(n);
-  }
-  if (max_dims && out.size() > *max_dims) out.resize(*max_dims);
-  return out;
-}
+TENSORDICT_DECL std::vector<std::int64_t> common_batch(const std::vector<c10::IntArrayRef>& shapes, c10::IntArrayRef fallback, std::optional<std::size_t> max_dims);
 inline bool starts_with(c10::IntArrayRef sizes, c10::IntArrayRef prefix) {
   return sizes.size() >= prefix.size() && sizes.slice(0, prefix.size()) == prefix;
 }
 // Python's refine_names: unnamed dims take the new name, named ones must keep theirs.
-inline batch_names refined_names(const batch_names& stored, const batch_names& names, c10::IntArrayRef batch, const char* op) {
-  batch_names out = checked_names(names, batch, op);
-  const batch_names old = names_or_none(stored, batch.size());
-  for (std::size_t i = 0; i < old.size() && !out.empty(); ++i)
-    if (old[i] && out[i] != old[i])
-      throw value_error(std::string("TensorDict.") + op + ": batch dim " + std::to_string(i) + " is named \"" + *old[i] +
-                        "\" and cannot be renamed " + format_names(names) + "; use rename(...)");
-  return out.empty() ? stored : out;
-}
+TENSORDICT_DECL batch_names refined_names(const batch_names& stored, const batch_names& names, c10::IntArrayRef batch, const char* op);
 
 // value can be copied into leaf in place: it broadcasts to the leaf's shape.
-inline void check_copy(const at::Tensor& leaf, const at::Tensor& value, const char* op, const std::string& path) {
-  bool fits = value.dim() <= leaf.dim();
-  for (std::int64_t d = 1; fits && d <= value.dim(); ++d) {
-    const auto v = value.size(value.dim() - d);
-    fits = v == 1 || v == leaf.size(leaf.dim() - d);
-  }
-  if (!fits)
-    throw shape_error(std::string(op) + "(" + path + "): cannot write " + describe(value) + " into the leaf, which is " +
-                      describe(leaf) + " (the value must broadcast to the leaf's shape)");
-}
+TENSORDICT_DECL void check_copy(const at::Tensor& leaf, const at::Tensor& value, const char* op, const std::string& path);
 
 // Indices that apply to the batch dims only: an Ellipsis stands for the batch
 // dims that the other indices leave, never for a leaf's own dims.
-inline std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayRef<at::indexing::TensorIndex> indices,
-                                                             std::size_t batch_dims) {
-  std::size_t consumed = 0;
-  bool has_ellipsis = false;
-  for (const auto& i : indices) {
-    if (i.is_integer() || i.is_slice()) consumed += 1;
-    else if (i.is_tensor()) consumed += i.tensor().scalar_type() == at::kBool ? i.tensor().dim() : 1;
-    else if (i.is_ellipsis()) has_ellipsis = true;
-  }
-  if (consumed > batch_dims)
-    throw index_error("TensorDict index: " + std::to_string(consumed) + " indices for " + std::to_string(batch_dims) +
-                      " batch dims; a TensorDict is indexed along its batch dims only");
-  std::vector<at::indexing::TensorIndex> out;
-  for (const auto& i : indices) {
-    if (i.is_ellipsis()) {
-      for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
-    } else {
-      out.push_back(i);
-    }
-  }
-  if (!has_ellipsis)
-    for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
-  return out;
-}
+TENSORDICT_DECL std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayRef<at::indexing::TensorIndex> indices, std::size_t batch_dims);
 
 // The file that one of `leaves` writes through to (a memmap buffer loaded with load_memory::shared), or empty.
-inline std::string written_through_file(const std::vector<at::Tensor>& leaves) {
-  for (const at::Tensor& t : leaves)
-    if (t.defined() && t.has_storage() && t.is_cpu() && t.numel() > 0)
-      if (std::string file = shared_file_at(t.data_ptr()); !file.empty()) return file;
-  return {};
-}
+TENSORDICT_DECL std::string written_through_file(const std::vector<at::Tensor>& leaves);
+
+// The batch size of index(batch) on a TensorDict of batch size `batch_size`: what the same index
+// does to a tensor of the batch shape, on the device of the index tensors (a CUDA mask cannot index a
+// CPU tensor). Checks the indices against the batch size.
+TENSORDICT_DECL std::vector<std::int64_t> indexed_batch(c10::IntArrayRef batch_size, c10::ArrayRef<at::indexing::TensorIndex> batch,
+                                                        const char* op);
+
+// Indices that select rows of the first batch dim only (the others whole):
+// one row, a range of rows, or a list of rows (a 1-D int64 CPU tensor),
+// which indexed writes copy row by row without libtorch's indexing.
+enum class row_index { other, single, range, list };
+struct leading_rows_t {
+  row_index kind = row_index::other;
+  std::int64_t start = 0, count = 0;  // single: start; range: [start, start + count)
+  const std::int64_t* list = nullptr;  // list: count rows, each possibly negative
+};
+TENSORDICT_DECL leading_rows_t leading_rows(c10::IntArrayRef batch_size, c10::ArrayRef<at::indexing::TensorIndex> batch);
+// Writes value's rows into the leaf by memcpy, where that is all the write
+// does: a dense CPU leaf, a value of its dtype and of the exact target shape,
+// and no autograd to record. Returns false (nothing written) otherwise.
+TENSORDICT_DECL bool copy_rows(const at::Tensor& leaf, const at::Tensor& value, const leading_rows_t& rows, c10::IntArrayRef target);
+
+// One leaf's part of an indexed write (set_at_, update_at_, index_put_).
+struct pending_write {
+  at::Tensor leaf;
+  at::Tensor value;
+};
+// Checks every write, then makes them all: writes[k].value into writes[k].leaf at `indices` along
+// the batch dims of a TensorDict of batch size `batch_size`. name_of(k) names write k's key path
+// in errors (built only for one). Not a template: every TensorDict type's writes share it.
+TENSORDICT_DECL void write_at(c10::IntArrayRef batch_size, std::vector<pending_write>& writes,
+                              c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op,
+                              c10::function_ref<std::string(std::size_t)> name_of);
 
 template <class Derived>
 class tensordict_ops {
@@ -668,36 +627,9 @@ class tensordict_ops {
   }
 
  protected:
-  // The batch size of index(batch): what the same index does to a tensor of
-  // the batch shape, on the device of the index tensors (a CUDA mask cannot
-  // index a CPU tensor). Checks the indices against the batch size.
+  // The batch size of index(batch) (detail::indexed_batch).
   std::vector<std::int64_t> indexed_batch(c10::ArrayRef<at::indexing::TensorIndex> batch, const char* op) const {
-    if (const auto rows = leading_rows(batch); rows.kind != row_index::other) {
-      const c10::IntArrayRef b = self().batch_size();
-      std::vector<std::int64_t> out;
-      if (rows.kind != row_index::single) out.push_back(rows.count);
-      out.insert(out.end(), b.begin() + 1, b.end());
-      if (rows.kind == row_index::single && (rows.start < 0 || rows.start >= b[0]))  // named as given: -9, not its normalised -1
-        throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(b) + ": index " +
-                          std::to_string(compat::as_int(batch[0].integer())) + " is out of bounds for batch dim 0 of size " +
-                          std::to_string(b[0]));
-      if (rows.kind == row_index::list)
-        for (std::int64_t k = 0; k < rows.count; ++k)
-          if (rows.list[k] < -b[0] || rows.list[k] >= b[0])
-            throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(b) +
-                              ": index " + std::to_string(rows.list[k]) + " is out of bounds for batch dim 0 of size " +
-                              std::to_string(b[0]));
-      return out;
-    }
-    at::Device probe_device = at::kCPU;
-    for (const auto& i : batch)
-      if (i.is_tensor()) probe_device = i.tensor().device();
-    try {
-      return at::zeros({}, at::TensorOptions(at::kByte).device(probe_device)).expand(self().batch_size()).index(batch).sizes().vec();
-    } catch (const c10::Error& e) {
-      throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(self().batch_size()) +
-                        ": " + e.what_without_backtrace());
-    }
+    return detail::indexed_batch(self().batch_size(), batch, op);
   }
 
   // The consolidated buffer where moving it moves every leaf: none requires grad while autograd records.
@@ -731,119 +663,12 @@ class tensordict_ops {
     return device ? self().apply(view, self().batch_size(), device) : self().apply(view);
   }
 
-  // Indices that select rows of the first batch dim only (the others whole):
-  // one row, a range of rows, or a list of rows (a 1-D int64 CPU tensor),
-  // which indexed writes copy row by row without libtorch's indexing.
-  enum class row_index { other, single, range, list };
-  struct leading_rows_t {
-    row_index kind = row_index::other;
-    std::int64_t start = 0, count = 0;  // single: start; range: [start, start + count)
-    const std::int64_t* list = nullptr;  // list: count rows, each possibly negative
-  };
-  leading_rows_t leading_rows(c10::ArrayRef<at::indexing::TensorIndex> batch) const {
-    const c10::IntArrayRef b = self().batch_size();
-    leading_rows_t out;
-    if (b.empty() || batch.size() != b.size()) return out;
-    for (std::size_t d = 1; d < batch.size(); ++d) {
-      if (!batch[d].is_slice()) return out;
-      const auto& s = batch[d].slice();
-      if (compat::as_int(s.start()) != 0 || compat::as_int(s.step()) != 1 || compat::as_int(s.stop()) < b[d]) return out;
-    }
-    const auto& first = batch[0];
-    if (first.is_integer()) {
-      out.kind = row_index::single;
-      const std::int64_t i = compat::as_int(first.integer());
-      out.start = i < 0 ? i + b[0] : i;
-    } else if (first.is_slice()) {
-      const auto& s = first.slice();
-      if (compat::as_int(s.step()) != 1) return out;
-      auto bound = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + b[0] : v, 0, b[0]); };
-      out.kind = row_index::range;
-      out.start = bound(compat::as_int(s.start()));
-      out.count = std::max<std::int64_t>(bound(compat::as_int(s.stop())) - out.start, 0);
-    } else if (first.is_tensor()) {
-      const at::Tensor& t = first.tensor();
-      if (t.scalar_type() != at::kLong || t.dim() != 1 || !t.is_cpu() || !t.is_contiguous()) return out;
-      out.kind = row_index::list;
-      out.count = t.size(0);
-      out.list = t.data_ptr<std::int64_t>();
-    }
-    return out;
-  }
-  // Writes value's rows into the leaf by memcpy, where that is all the write
-  // does: a dense CPU leaf, a value of its dtype and of the exact target shape,
-  // and no autograd to record. Returns false (nothing written) otherwise.
-  static bool copy_rows(const at::Tensor& leaf, const at::Tensor& value, const leading_rows_t& rows, c10::IntArrayRef target) {
-    if (rows.kind == row_index::other || !leaf.is_cpu() || leaf.layout() != at::kStrided || !leaf.is_contiguous() ||
-        leaf.is_inference() || !value.is_cpu() || value.layout() != at::kStrided || !value.is_contiguous() ||
-        value.scalar_type() != leaf.scalar_type() || value.sizes() != target ||
-        (at::GradMode::is_enabled() && (leaf.requires_grad() || value.requires_grad())))
-      return false;
-    const std::int64_t row = leaf.size(0) == 0 ? 0 : static_cast<std::int64_t>(leaf.nbytes()) / leaf.size(0);
-    char* to = static_cast<char*>(leaf.data_ptr());
-    const char* from = static_cast<const char*>(value.data_ptr());
-    if (rows.kind == row_index::list) {
-      const auto at = [&](std::int64_t k) { return rows.list[k] < 0 ? rows.list[k] + leaf.size(0) : rows.list[k]; };
-      for (std::int64_t k = 0, run = 1; k < rows.count; k += run) {  // runs of consecutive rows in one memcpy
-        for (run = 1; k + run < rows.count && at(k + run) == at(k) + run;) ++run;
-        std::memcpy(to + at(k) * row, from + k * row, static_cast<std::size_t>(run * row));
-      }
-    } else if (value.nbytes() > 0) {
-      std::memcpy(to + rows.start * row, from, value.nbytes());
-    }
-    leaf.unsafeGetTensorImpl()->bump_version();  // as an in-place op: autograd sees the leaf changed
-    return true;
-  }
-
-  // One leaf's part of an indexed write (set_at_, update_at_, index_put_).
-  struct pending_write {
-    at::Tensor leaf;
-    at::Tensor value;
-  };
-  // Checks every write, then makes them all: writes[k].value into
-  // writes[k].leaf at `indices` along this TensorDict's batch dims.
-  // name_of(k) names write k's key path in errors (built only for one).
+  using pending_write = detail::pending_write;
+  // Checks every write, then makes them all (detail::write_at); name_of(k) names write k's key path in errors.
   template <class NameOf>
   Derived& write_at(std::vector<pending_write>& writes, c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op,
                     const NameOf& name_of) {
-    const std::size_t nb = self().batch_size().size();
-    const auto batch = batch_indices(indices, nb);
-    const std::vector<std::int64_t> indexed = indexed_batch(batch, op);
-    std::vector<c10::SmallVector<std::int64_t, 6>> targets(writes.size());
-    for (std::size_t k = 0; k < writes.size(); ++k) {
-      pending_write& w = writes[k];
-      const auto where = [&] { return std::string("TensorDict.") + op + "(" + name_of(k) + "): "; };
-      auto& target = targets[k];
-      target.append(indexed.begin(), indexed.end());
-      target.append(w.leaf.sizes().begin() + static_cast<std::ptrdiff_t>(nb), w.leaf.sizes().end());
-      // Leading dims of size 1 beyond the target's go, as for t[i] = value in torch.
-      while (w.value.dim() > static_cast<std::int64_t>(target.size()) && w.value.size(0) == 1) w.value = w.value.squeeze(0);
-      bool fits = w.value.dim() <= static_cast<std::int64_t>(target.size());
-      for (std::int64_t d = 1; fits && d <= w.value.dim(); ++d) {
-        const auto v = w.value.size(w.value.dim() - d);
-        fits = v == 1 || v == target[target.size() - static_cast<std::size_t>(d)];
-      }
-      if (!fits)
-        throw shape_error(where() + "cannot write " + describe(w.value) + " at the index, where the leaf " + describe(w.leaf) +
-                          " has shape " + format_sizes(target) + " (the value must broadcast to it)");
-      if (!c10::canCast(w.value.scalar_type(), w.leaf.scalar_type()))
-        throw dtype_error(where() + "cannot write " + describe(w.value) + " into the leaf " + describe(w.leaf) +
-                          " (a cast that changes the kind of number); convert the value first with .to(...)");
-      if (w.leaf.requires_grad() && w.leaf.is_leaf() && at::GradMode::is_enabled())
-        throw value_error(where() + "the leaf " + describe(w.leaf) +
-                          " requires grad and is a leaf of the autograd graph, which cannot be written in place; "
-                          "write under at::NoGradGuard");
-    }
-    for (pending_write& w : writes) {
-      // A value over the leaf's own memory is read whole before it is overwritten.
-      if (w.value.device() != w.leaf.device() || w.value.scalar_type() != w.leaf.scalar_type())
-        w.value = w.value.to(w.leaf.device(), w.leaf.scalar_type());
-      else if (w.value.is_alias_of(w.leaf))
-        w.value = w.value.clone();
-    }
-    const leading_rows_t rows = leading_rows(batch);
-    for (std::size_t k = 0; k < writes.size(); ++k)
-      if (!copy_rows(writes[k].leaf, writes[k].value, rows, targets[k])) writes[k].leaf.index_put_(batch, writes[k].value);
+    detail::write_at(self().batch_size(), writes, indices, op, name_of);
     return static_cast<Derived&>(*this);
   }
 
@@ -1045,3 +870,220 @@ TD pad(const TD& td, c10::IntArrayRef pads, const at::Scalar& value = 0) {
 }
 
 }  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::detail {
+TENSORDICT_DECL std::string format_names(const batch_names& names) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + (names[i] ? '"' + *names[i] + '"' : std::string("None"));
+  return out + "]";
+}
+
+TENSORDICT_DECL batch_names checked_names(const batch_names& names, c10::IntArrayRef batch, const char* op) {
+  if (names.size() != batch.size())
+    throw value_error(std::string("TensorDict.") + op + ": " + std::to_string(names.size()) + " names " + format_names(names) +
+                      " for the " + std::to_string(batch.size()) + " batch dims of batch_size=" + format_sizes(batch));
+  for (std::size_t i = 0; i < names.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (names[i] && names[j] == names[i])
+        throw value_error(std::string("TensorDict.") + op + ": the name \"" + *names[i] + "\" is given to two batch dims " + format_names(names));
+  if (std::none_of(names.begin(), names.end(), [](const auto& n) { return n.has_value(); })) return {};
+  return names;
+}
+
+TENSORDICT_DECL std::vector<std::int64_t> nested_batch_size(nested_batch rule, c10::IntArrayRef old_node, c10::IntArrayRef old_parent, c10::IntArrayRef new_parent) {
+  std::vector<std::int64_t> out(new_parent.begin(), new_parent.end());
+  if (rule == nested_batch::follow && old_node.size() > old_parent.size())
+    out.insert(out.end(), old_node.begin() + static_cast<std::ptrdiff_t>(old_parent.size()), old_node.end());
+  if (rule == nested_batch::setter && old_node.size() >= new_parent.size()) out.assign(old_node.begin(), old_node.end());
+  return out;
+}
+
+TENSORDICT_DECL std::vector<std::int64_t> common_batch(const std::vector<c10::IntArrayRef>& shapes, c10::IntArrayRef fallback, std::optional<std::size_t> max_dims) {
+  std::vector<std::int64_t> out = shapes.empty() ? fallback.vec() : shapes[0].vec();
+  for (const auto& s : shapes) {
+    std::size_t n = 0;
+    while (n < out.size() && n < s.size() && out[n] == s[n]) ++n;
+    out.resize(n);
+  }
+  if (max_dims && out.size() > *max_dims) out.resize(*max_dims);
+  return out;
+}
+
+TENSORDICT_DECL batch_names refined_names(const batch_names& stored, const batch_names& names, c10::IntArrayRef batch, const char* op) {
+  batch_names out = checked_names(names, batch, op);
+  const batch_names old = names_or_none(stored, batch.size());
+  for (std::size_t i = 0; i < old.size() && !out.empty(); ++i)
+    if (old[i] && out[i] != old[i])
+      throw value_error(std::string("TensorDict.") + op + ": batch dim " + std::to_string(i) + " is named \"" + *old[i] +
+                        "\" and cannot be renamed " + format_names(names) + "; use rename(...)");
+  return out.empty() ? stored : out;
+}
+
+TENSORDICT_DECL void check_copy(const at::Tensor& leaf, const at::Tensor& value, const char* op, const std::string& path) {
+  bool fits = value.dim() <= leaf.dim();
+  for (std::int64_t d = 1; fits && d <= value.dim(); ++d) {
+    const auto v = value.size(value.dim() - d);
+    fits = v == 1 || v == leaf.size(leaf.dim() - d);
+  }
+  if (!fits)
+    throw shape_error(std::string(op) + "(" + path + "): cannot write " + describe(value) + " into the leaf, which is " +
+                      describe(leaf) + " (the value must broadcast to the leaf's shape)");
+}
+
+TENSORDICT_DECL std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayRef<at::indexing::TensorIndex> indices, std::size_t batch_dims) {
+  std::size_t consumed = 0;
+  bool has_ellipsis = false;
+  for (const auto& i : indices) {
+    if (i.is_integer() || i.is_slice()) consumed += 1;
+    else if (i.is_tensor()) consumed += i.tensor().scalar_type() == at::kBool ? i.tensor().dim() : 1;
+    else if (i.is_ellipsis()) has_ellipsis = true;
+  }
+  if (consumed > batch_dims)
+    throw index_error("TensorDict index: " + std::to_string(consumed) + " indices for " + std::to_string(batch_dims) +
+                      " batch dims; a TensorDict is indexed along its batch dims only");
+  std::vector<at::indexing::TensorIndex> out;
+  for (const auto& i : indices) {
+    if (i.is_ellipsis()) {
+      for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
+    } else {
+      out.push_back(i);
+    }
+  }
+  if (!has_ellipsis)
+    for (std::size_t k = consumed; k < batch_dims; ++k) out.emplace_back(at::indexing::Slice());
+  return out;
+}
+
+TENSORDICT_DECL std::string written_through_file(const std::vector<at::Tensor>& leaves) {
+  for (const at::Tensor& t : leaves)
+    if (t.defined() && t.has_storage() && t.is_cpu() && t.numel() > 0)
+      if (std::string file = shared_file_at(t.data_ptr()); !file.empty()) return file;
+  return {};
+}
+
+TENSORDICT_DECL std::vector<std::int64_t> indexed_batch(c10::IntArrayRef b, c10::ArrayRef<at::indexing::TensorIndex> batch,
+                                                        const char* op) {
+  if (const auto rows = leading_rows(b, batch); rows.kind != row_index::other) {
+    std::vector<std::int64_t> out;
+    if (rows.kind != row_index::single) out.push_back(rows.count);
+    out.insert(out.end(), b.begin() + 1, b.end());
+    if (rows.kind == row_index::single && (rows.start < 0 || rows.start >= b[0]))  // named as given: -9, not its normalised -1
+      throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(b) + ": index " +
+                        std::to_string(compat::as_int(batch[0].integer())) + " is out of bounds for batch dim 0 of size " +
+                        std::to_string(b[0]));
+    if (rows.kind == row_index::list)
+      for (std::int64_t k = 0; k < rows.count; ++k)
+        if (rows.list[k] < -b[0] || rows.list[k] >= b[0])
+          throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(b) +
+                            ": index " + std::to_string(rows.list[k]) + " is out of bounds for batch dim 0 of size " +
+                            std::to_string(b[0]));
+    return out;
+  }
+  at::Device probe_device = at::kCPU;
+  for (const auto& i : batch)
+    if (i.is_tensor()) probe_device = i.tensor().device();
+  try {
+    return at::zeros({}, at::TensorOptions(at::kByte).device(probe_device)).expand(b).index(batch).sizes().vec();
+  } catch (const c10::Error& e) {
+    throw index_error(std::string("TensorDict.") + op + ": the index does not fit batch_size=" + format_sizes(b) + ": " +
+                      e.what_without_backtrace());
+  }
+}
+
+TENSORDICT_DECL leading_rows_t leading_rows(c10::IntArrayRef b, c10::ArrayRef<at::indexing::TensorIndex> batch) {
+  leading_rows_t out;
+  if (b.empty() || batch.size() != b.size()) return out;
+  for (std::size_t d = 1; d < batch.size(); ++d) {
+    if (!batch[d].is_slice()) return out;
+    const auto& s = batch[d].slice();
+    if (compat::as_int(s.start()) != 0 || compat::as_int(s.step()) != 1 || compat::as_int(s.stop()) < b[d]) return out;
+  }
+  const auto& first = batch[0];
+  if (first.is_integer()) {
+    out.kind = row_index::single;
+    const std::int64_t i = compat::as_int(first.integer());
+    out.start = i < 0 ? i + b[0] : i;
+  } else if (first.is_slice()) {
+    const auto& s = first.slice();
+    if (compat::as_int(s.step()) != 1) return out;
+    auto bound = [&](std::int64_t v) { return std::clamp<std::int64_t>(v < 0 ? v + b[0] : v, 0, b[0]); };
+    out.kind = row_index::range;
+    out.start = bound(compat::as_int(s.start()));
+    out.count = std::max<std::int64_t>(bound(compat::as_int(s.stop())) - out.start, 0);
+  } else if (first.is_tensor()) {
+    const at::Tensor& t = first.tensor();
+    if (t.scalar_type() != at::kLong || t.dim() != 1 || !t.is_cpu() || !t.is_contiguous()) return out;
+    out.kind = row_index::list;
+    out.count = t.size(0);
+    out.list = t.data_ptr<std::int64_t>();
+  }
+  return out;
+}
+
+TENSORDICT_DECL bool copy_rows(const at::Tensor& leaf, const at::Tensor& value, const leading_rows_t& rows, c10::IntArrayRef target) {
+  if (rows.kind == row_index::other || !leaf.is_cpu() || leaf.layout() != at::kStrided || !leaf.is_contiguous() ||
+      leaf.is_inference() || !value.is_cpu() || value.layout() != at::kStrided || !value.is_contiguous() ||
+      value.scalar_type() != leaf.scalar_type() || value.sizes() != target ||
+      (at::GradMode::is_enabled() && (leaf.requires_grad() || value.requires_grad())))
+    return false;
+  const std::int64_t row = leaf.size(0) == 0 ? 0 : static_cast<std::int64_t>(leaf.nbytes()) / leaf.size(0);
+  char* to = static_cast<char*>(leaf.data_ptr());
+  const char* from = static_cast<const char*>(value.data_ptr());
+  if (rows.kind == row_index::list) {
+    const auto at = [&](std::int64_t k) { return rows.list[k] < 0 ? rows.list[k] + leaf.size(0) : rows.list[k]; };
+    for (std::int64_t k = 0, run = 1; k < rows.count; k += run) {  // runs of consecutive rows in one memcpy
+      for (run = 1; k + run < rows.count && at(k + run) == at(k) + run;) ++run;
+      std::memcpy(to + at(k) * row, from + k * row, static_cast<std::size_t>(run * row));
+    }
+  } else if (value.nbytes() > 0) {
+    std::memcpy(to + rows.start * row, from, value.nbytes());
+  }
+  leaf.unsafeGetTensorImpl()->bump_version();  // as an in-place op: autograd sees the leaf changed
+  return true;
+}
+
+TENSORDICT_DECL void write_at(c10::IntArrayRef batch_size, std::vector<pending_write>& writes,
+                              c10::ArrayRef<at::indexing::TensorIndex> indices, const char* op,
+                              c10::function_ref<std::string(std::size_t)> name_of) {
+  const std::size_t nb = batch_size.size();
+  const auto batch = batch_indices(indices, nb);
+  const std::vector<std::int64_t> indexed = indexed_batch(batch_size, batch, op);
+  std::vector<c10::SmallVector<std::int64_t, 6>> targets(writes.size());
+  for (std::size_t k = 0; k < writes.size(); ++k) {
+    pending_write& w = writes[k];
+    const auto where = [&] { return std::string("TensorDict.") + op + "(" + name_of(k) + "): "; };
+    auto& target = targets[k];
+    target.append(indexed.begin(), indexed.end());
+    target.append(w.leaf.sizes().begin() + static_cast<std::ptrdiff_t>(nb), w.leaf.sizes().end());
+    // Leading dims of size 1 beyond the target's go, as for t[i] = value in torch.
+    while (w.value.dim() > static_cast<std::int64_t>(target.size()) && w.value.size(0) == 1) w.value = w.value.squeeze(0);
+    bool fits = w.value.dim() <= static_cast<std::int64_t>(target.size());
+    for (std::int64_t d = 1; fits && d <= w.value.dim(); ++d) {
+      const auto v = w.value.size(w.value.dim() - d);
+      fits = v == 1 || v == target[target.size() - static_cast<std::size_t>(d)];
+    }
+    if (!fits)
+      throw shape_error(where() + "cannot write " + describe(w.value) + " at the index, where the leaf " + describe(w.leaf) +
+                        " has shape " + format_sizes(target) + " (the value must broadcast to it)");
+    if (!c10::canCast(w.value.scalar_type(), w.leaf.scalar_type()))
+      throw dtype_error(where() + "cannot write " + describe(w.value) + " into the leaf " + describe(w.leaf) +
+                        " (a cast that changes the kind of number); convert the value first with .to(...)");
+    if (w.leaf.requires_grad() && w.leaf.is_leaf() && at::GradMode::is_enabled())
+      throw value_error(where() + "the leaf " + describe(w.leaf) +
+                        " requires grad and is a leaf of the autograd graph, which cannot be written in place; "
+                        "write under at::NoGradGuard");
+  }
+  for (pending_write& w : writes) {
+    // A value over the leaf's own memory is read whole before it is overwritten.
+    if (w.value.device() != w.leaf.device() || w.value.scalar_type() != w.leaf.scalar_type())
+      w.value = w.value.to(w.leaf.device(), w.leaf.scalar_type());
+    else if (w.value.is_alias_of(w.leaf))
+      w.value = w.value.clone();
+  }
+  const leading_rows_t rows = leading_rows(batch_size, batch);
+  for (std::size_t k = 0; k < writes.size(); ++k)
+    if (!copy_rows(writes[k].leaf, writes[k].value, rows, targets[k])) writes[k].leaf.index_put_(batch, writes[k].value);
+}
+}  // namespace tensordict::detail
+#endif  // TENSORDICT_DEFINITIONS

@@ -31,6 +31,7 @@
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
 
+#include "../detail/config.hpp"
 #include "../errors.hpp"
 
 namespace tensordict::nn {
@@ -38,45 +39,12 @@ namespace tensordict::nn {
 // A map from the reals to the positive reals, by Python's name for it.
 class scale_mapping {
  public:
-  scale_mapping(const char* name) : scale_mapping(std::string(name)) {}  // NOLINT: a name converts, as in Python
-  scale_mapping(std::string name) : name_(std::move(name)) {                // NOLINT
-    const std::string biased = "biased_softplus";
-    if (name_ == "softplus" || name_ == "exp" || name_ == "relu" || name_ == "none") return;
-    if (name_.rfind(biased, 0) != 0)
-      throw value_error("tensordict::nn::scale_mapping: unknown mapping \"" + name_ +
-                        "\" (known: softplus, exp, relu, none, biased_softplus, biased_softplus_{bias}, "
-                        "biased_softplus_{bias}_{min_val})");
-    double bias = 1.0;
-    min_val_ = 0.01;
-    const std::string rest = name_.substr(biased.size());
-    try {
-      if (!rest.empty()) {
-        if (rest[0] != '_') throw std::invalid_argument(rest);
-        const auto second = rest.find('_', 1);
-        std::size_t used = 0;
-        bias = std::stod(rest.substr(1, second == std::string::npos ? std::string::npos : second - 1), &used);
-        if (used != (second == std::string::npos ? rest.size() - 1 : second - 1)) throw std::invalid_argument(rest);
-        if (second != std::string::npos) {
-          min_val_ = std::stod(rest.substr(second + 1), &used);
-          if (used != rest.size() - second - 1) throw std::invalid_argument(rest);
-        }
-      }
-    } catch (const std::logic_error&) {
-      throw value_error("tensordict::nn::scale_mapping: \"" + name_ +
-                        "\" is not biased_softplus_{bias} or biased_softplus_{bias}_{min_val} with numbers");
-    }
-    // inv_softplus(bias - min_val) as Python computes it: in float32, clamped at 1e-6.
-    shift_ = at::scalar_tensor(bias - min_val_, at::kFloat).expm1().clamp_min(1e-6).log().item<double>();
-    biased_ = true;
-  }
+  // NOLINTNEXTLINE: a name converts, as in Python
+  scale_mapping(const char* name) : scale_mapping(std::string(name)) {}
+  // NOLINTNEXTLINE: as above
+  TENSORDICT_DECL scale_mapping(std::string name);
 
-  at::Tensor operator()(const at::Tensor& x) const {
-    if (biased_) return at::softplus(x + shift_) + min_val_;
-    if (name_ == "softplus") return at::softplus(x);
-    if (name_ == "exp") return x.exp();
-    if (name_ == "relu") return at::relu(x);
-    return x;
-  }
+  TENSORDICT_DECL at::Tensor operator()(const at::Tensor& x) const;
   const std::string& name() const { return name_; }
 
  private:
@@ -173,3 +141,46 @@ struct functional<AddStateIndependentNormalScaleImpl> {
 };
 
 }  // namespace tensordict::nn
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::nn {
+TENSORDICT_DECL scale_mapping::scale_mapping(std::string name) : name_(std::move(name)) {
+  const std::string biased = "biased_softplus";
+  if (name_ == "softplus" || name_ == "exp" || name_ == "relu" || name_ == "none") return;
+  if (name_.rfind(biased, 0) != 0)
+    throw value_error("tensordict::nn::scale_mapping: unknown mapping \"" + name_ +
+                      "\" (known: softplus, exp, relu, none, biased_softplus, biased_softplus_{bias}, "
+                      "biased_softplus_{bias}_{min_val})");
+  double bias = 1.0;
+  min_val_ = 0.01;
+  const std::string rest = name_.substr(biased.size());
+  try {
+    if (!rest.empty()) {
+      if (rest[0] != '_') throw std::invalid_argument(rest);
+      const auto second = rest.find('_', 1);
+      std::size_t used = 0;
+      bias = std::stod(rest.substr(1, second == std::string::npos ? std::string::npos : second - 1), &used);
+      if (used != (second == std::string::npos ? rest.size() - 1 : second - 1)) throw std::invalid_argument(rest);
+      if (second != std::string::npos) {
+        min_val_ = std::stod(rest.substr(second + 1), &used);
+        if (used != rest.size() - second - 1) throw std::invalid_argument(rest);
+      }
+    }
+  } catch (const std::logic_error&) {
+    throw value_error("tensordict::nn::scale_mapping: \"" + name_ +
+                      "\" is not biased_softplus_{bias} or biased_softplus_{bias}_{min_val} with numbers");
+  }
+  // inv_softplus(bias - min_val) as Python computes it: in float32, clamped at 1e-6.
+  shift_ = at::scalar_tensor(bias - min_val_, at::kFloat).expm1().clamp_min(1e-6).log().item<double>();
+  biased_ = true;
+}
+
+TENSORDICT_DECL at::Tensor scale_mapping::operator()(const at::Tensor& x) const {
+  if (biased_) return at::softplus(x + shift_) + min_val_;
+  if (name_ == "softplus") return at::softplus(x);
+  if (name_ == "exp") return x.exp();
+  if (name_ == "relu") return at::relu(x);
+  return x;
+}
+}  // namespace tensordict::nn
+#endif  // TENSORDICT_DEFINITIONS

@@ -72,34 +72,13 @@ inline at::Tensor standard_normal(at::IntArrayRef shape, const at::TensorOptions
 }
 
 // Sums the last n dims (torch.distributions.utils._sum_rightmost).
-inline at::Tensor sum_rightmost(const at::Tensor& t, int64_t n) {
-  if (n <= 0) return t;
-  std::vector<int64_t> dims;
-  for (int64_t d = t.dim() - n; d < t.dim(); ++d) dims.push_back(d);
-  return t.sum(dims);
-}
+TENSORDICT_DECL at::Tensor sum_rightmost(const at::Tensor& t, int64_t n);
 
 inline std::vector<int64_t> to_vector(at::IntArrayRef sizes) { return {sizes.begin(), sizes.end()}; }
 
 // The parameters, checked floating-point and broadcast together; dtype_error or
 // shape_error naming them otherwise.
-inline std::vector<at::Tensor> broadcast_params(const char* dist,
-                                                const std::vector<std::pair<const char*, at::Tensor>>& params) {
-  std::vector<at::Tensor> tensors;
-  std::string listed;
-  for (const auto& [param_name, t] : params) {
-    if (!t.defined() || !at::isFloatingType(t.scalar_type()))
-      throw dtype_error(std::string("tensordict::nn::") + dist + ": the parameter " + param_name + " is " + describe(t) +
-                        ", expected a floating-point tensor");
-    tensors.push_back(t);
-    listed += std::string(listed.empty() ? "" : ", ") + param_name + " " + describe(t);
-  }
-  try {
-    return at::broadcast_tensors(tensors);
-  } catch (const c10::Error&) {
-    throw shape_error(std::string("tensordict::nn::") + dist + ": the parameters do not broadcast (" + listed + ")");
-  }
-}
+TENSORDICT_DECL std::vector<at::Tensor> broadcast_params(const char* dist, const std::vector<std::pair<const char*, at::Tensor>>& params);
 
 // torch.finfo(dtype).min, the most negative finite number of a floating dtype
 // (float16: -65504; float32's lowest would be -inf there).
@@ -123,11 +102,7 @@ inline double finfo_resolution(at::ScalarType dtype) {
 }
 
 // The smallest probability a log may be taken of (torch.distributions.utils.clamp_probs).
-inline at::Tensor clamp_probs(const at::Tensor& probs) {
-  const double eps = probs.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon()
-                                                        : std::numeric_limits<float>::epsilon();
-  return probs.clamp(eps, 1.0 - eps);
-}
+TENSORDICT_DECL at::Tensor clamp_probs(const at::Tensor& probs);
 }  // namespace detail
 
 // The interface of every distribution here (Python's Distribution). A
@@ -137,7 +112,8 @@ class Distribution {
  public:
   virtual ~Distribution() = default;
 
-  // "Normal", as Python's class name.
+  // "Normal", as Python's class name. The library's distributions define it out of line: their
+  // key function, so that their vtables and virtual members compile once, in libtensordict.
   virtual std::string name() const = 0;
   const std::vector<int64_t>& batch_shape() const { return batch_shape_; }
   const std::vector<int64_t>& event_shape() const { return event_shape_; }
@@ -159,11 +135,7 @@ class Distribution {
   virtual at::Tensor log_prob(const at::Tensor& value) const = 0;
   // rsample() and the log_prob of that sample, what a probabilistic module with a log_prob_key
   // computes when it draws; a distribution may fuse the two (TanhNormal: one pass, one autograd node).
-  virtual std::pair<at::Tensor, at::Tensor> rsample_and_log_prob(std::optional<at::Generator> generator = std::nullopt) const {
-    at::Tensor value = rsample({}, std::move(generator));
-    at::Tensor log_probability = log_prob(value);
-    return {std::move(value), std::move(log_probability)};
-  }
+  TENSORDICT_DECL virtual std::pair<at::Tensor, at::Tensor> rsample_and_log_prob(std::optional<at::Generator> generator = std::nullopt) const;
   virtual at::Tensor entropy() const { refuse("entropy", "it is not defined in closed form"); }
   virtual at::Tensor mean() const { refuse("mean", "it is not defined in closed form"); }
   virtual at::Tensor mode() const { refuse("mode", "it is not defined in closed form"); }
@@ -178,39 +150,19 @@ class Distribution {
   virtual at::Tensor deterministic_sample() const { return mean(); }
 
   // "Normal(batch_shape=[5,4], event_shape=[])".
-  std::string repr() const {
-    return name() + "(batch_shape=" + format_sizes(batch_shape_) + ", event_shape=" + format_sizes(event_shape_) + ")";
-  }
+  TENSORDICT_DECL std::string repr() const;
 
  protected:
   Distribution(std::vector<int64_t> batch_shape, std::vector<int64_t> event_shape)
       : batch_shape_(std::move(batch_shape)), event_shape_(std::move(event_shape)) {}
 
   // sample_shape + batch_shape + event_shape (Python's _extended_shape).
-  std::vector<int64_t> extended_shape(at::IntArrayRef sample_shape) const {
-    std::vector<int64_t> out(sample_shape.begin(), sample_shape.end());
-    out.insert(out.end(), batch_shape_.begin(), batch_shape_.end());
-    out.insert(out.end(), event_shape_.begin(), event_shape_.end());
-    return out;
-  }
+  TENSORDICT_DECL std::vector<int64_t> extended_shape(at::IntArrayRef sample_shape) const;
 
-  [[noreturn]] void refuse(const char* call, const std::string& why) const {
-    throw value_error("tensordict::nn::" + name() + "." + call + ": " + why);
-  }
+  [[noreturn]] TENSORDICT_DECL void refuse(const char* call, const std::string& why) const;
 
   // value's trailing dims must broadcast with batch_shape + event_shape.
-  void check_value(const at::Tensor& value, const char* call) const {
-    const auto expected = extended_shape({});
-    const int64_t n = std::min<int64_t>(value.dim(), static_cast<int64_t>(expected.size()));
-    bool ok = value.defined();
-    for (int64_t i = 1; ok && i <= n; ++i) {
-      const int64_t v = value.size(-i), e = expected[expected.size() - i];
-      ok = v == e || v == 1 || e == 1;
-    }
-    if (!ok)
-      throw shape_error("tensordict::nn::" + name() + "." + call + ": the value " + describe(value) +
-                        " does not broadcast with batch_shape + event_shape = " + format_sizes(expected));
-  }
+  TENSORDICT_DECL void check_value(const at::Tensor& value, const char* call) const;
 
  private:
   std::vector<int64_t> batch_shape_;
@@ -223,7 +175,7 @@ class Normal : public Distribution {
   Normal(const at::Tensor& loc, const at::Tensor& scale)
       : Normal(detail::broadcast_params("Normal", {{"loc", loc}, {"scale", scale}})) {}
 
-  std::string name() const override { return "Normal"; }
+  TENSORDICT_DECL std::string name() const override;
   bool has_rsample() const override { return true; }
   const at::Tensor& loc() const { return loc_; }
   const at::Tensor& scale() const { return scale_; }
@@ -272,7 +224,7 @@ class Independent : public Distribution {
         base_(std::move(base)),
         n_(reinterpreted_batch_ndims) {}
 
-  std::string name() const override { return "Independent"; }
+  TENSORDICT_DECL std::string name() const override;
   const Distribution& base_dist() const { return *base_; }
   int64_t reinterpreted_batch_ndims() const { return n_; }
   bool has_rsample() const override { return base_->has_rsample(); }
@@ -326,7 +278,7 @@ class Categorical : public Distribution {
   explicit Categorical(const at::Tensor& logits) : Categorical(normalized(logits, "logits"), true) {}
   static Categorical from_probs(const at::Tensor& probs) { return Categorical(normalized(probs, "probs"), false); }
 
-  std::string name() const override { return "Categorical"; }
+  TENSORDICT_DECL std::string name() const override;
   const at::Tensor& logits() const { return logits_; }
   const at::Tensor& probs() const { return probs_; }
   int64_t num_events() const { return logits_.size(-1); }
@@ -412,7 +364,7 @@ class OneHotCategorical : public Categorical {
   }
   reparam_gradient_strategy grad_method() const { return grad_method_; }
 
-  std::string name() const override { return "OneHotCategorical"; }
+  TENSORDICT_DECL std::string name() const override;
   bool has_rsample() const override { return true; }
 
   at::Tensor sample(at::IntArrayRef sample_shape = {},
@@ -458,7 +410,7 @@ class Bernoulli : public Distribution {
   explicit Bernoulli(const at::Tensor& probs) : Bernoulli(checked(probs, "probs"), false) {}
   static Bernoulli from_logits(const at::Tensor& logits) { return Bernoulli(checked(logits, "logits"), true); }
 
-  std::string name() const override { return "Bernoulli"; }
+  TENSORDICT_DECL std::string name() const override;
   const at::Tensor& probs() const { return probs_; }
   const at::Tensor& logits() const { return logits_; }
 
@@ -517,7 +469,7 @@ class Delta : public Distribution {
         param_(param),
         options_(options) {}
 
-  std::string name() const override { return "Delta"; }
+  TENSORDICT_DECL std::string name() const override;
   bool has_rsample() const override { return true; }
   const at::Tensor& param() const { return param_; }
 
@@ -571,7 +523,7 @@ class TruncatedNormal : public Distribution {
   TruncatedNormal(const at::Tensor& loc, const at::Tensor& scale, TruncatedNormalOptions options = {})
       : TruncatedNormal(detail::broadcast_params("TruncatedNormal", {{"loc", loc}, {"scale", scale}}), options) {}
 
-  std::string name() const override { return "TruncatedNormal"; }
+  TENSORDICT_DECL std::string name() const override;
   bool has_rsample() const override { return true; }
   const at::Tensor& loc() const { return loc_; }
   // scale, at least 1e-6 (computed per call, as everything below: each
@@ -688,13 +640,11 @@ class TanhNormal : public Distribution {
   TanhNormal(const at::Tensor& loc, const at::Tensor& scale, TanhNormalOptions options = {})
       : TanhNormal(detail::broadcast_params("TanhNormal", {{"loc", loc}, {"scale", scale}}), options) {}
 
-  std::string name() const override { return "TanhNormal"; }
+  TENSORDICT_DECL std::string name() const override;
   bool has_rsample() const override { return true; }
   // Independent(Normal(loc, scale), event_dims), loc mapped by tanh_loc;
   // built per call, so each call's graph is its own.
-  Independent base_dist() const {
-    return Independent(Normal(mapped_loc(), scale_), static_cast<int64_t>(event_shape().size()));
-  }
+  TENSORDICT_DECL Independent base_dist() const;
   const at::Tensor& loc() const { return loc_; }
   const at::Tensor& scale() const { return scale_; }
 
@@ -707,20 +657,7 @@ class TanhNormal : public Distribution {
                      std::optional<at::Generator> generator = std::nullopt) const override {
     return transform(base_dist().rsample(sample_shape, std::move(generator)));
   }
-  at::Tensor log_prob(const at::Tensor& value) const override {
-    check_value(value, "log_prob");
-    const int64_t n = static_cast<int64_t>(event_shape().size());
-    at::Tensor y = value, log_prob;
-    if (affine()) {
-      y = (value - affine_loc()) / affine_scale();
-      log_prob = -detail::sum_rightmost(at::full_like(y, std::log(std::abs(affine_scale()))), n);
-    }
-    if (options_.safe_tanh) y = y.clamp(-1 + resolution(), 1 - resolution());
-    const auto x = y.atanh();
-    const auto log_det = detail::sum_rightmost(2 * (std::log(2.0) - x - at::softplus(-2 * x)), n);
-    log_prob = log_prob.defined() ? log_prob - log_det : -log_det;
-    return log_prob + base_dist().log_prob(x);
-  }
+  TENSORDICT_DECL at::Tensor log_prob(const at::Tensor& value) const override;
   // rsample() and log_prob() of it, as those two calls compute them (the same draws from the
   // generator, the same values within rounding, the same gradients), in one pass and one autograd
   // node where loc and scale are float32 or float64 CPU tensors: the two calls dispatch ~40 ATen
@@ -745,14 +682,7 @@ class TanhNormal : public Distribution {
         scale_(std::move(p[1])),
         options_(options) {}
 
-  static void check(const at::Tensor& loc, const TanhNormalOptions& o) {
-    if (!(o.low < o.high))
-      throw value_error("tensordict::nn::TanhNormal: the bounds low=" + std::to_string(o.low) +
-                        " and high=" + std::to_string(o.high) + " need low < high");
-    if (o.event_dims < 0)
-      throw shape_error("tensordict::nn::TanhNormal: event_dims=" + std::to_string(o.event_dims) + " for loc " +
-                        describe(loc));
-  }
+  TENSORDICT_DECL static void check(const at::Tensor& loc, const TanhNormalOptions& o);
   static std::vector<int64_t> batch_part(const at::Tensor& loc, const TanhNormalOptions& o) {
     check(loc, o);
     const auto s = loc.sizes();
@@ -771,14 +701,7 @@ class TanhNormal : public Distribution {
   double affine_scale() const { return (options_.high - options_.low) / 2; }
   double resolution() const { return detail::finfo_resolution(loc_.scalar_type()); }
 
-  at::Tensor transform(const at::Tensor& x) const {
-    auto y = x.tanh();
-    if (options_.safe_tanh) {
-      const double lim = 1 - resolution();
-      y = y + (y.detach().clamp(-lim, lim) - y.detach());  // clamped values, tanh's gradient
-    }
-    return affine() ? y * affine_scale() + affine_loc() : y;
-  }
+  TENSORDICT_DECL at::Tensor transform(const at::Tensor& x) const;
 
   // The two calls on a given draw eps (loc's shape): what the fused pass computes.
   std::pair<at::Tensor, at::Tensor> composed(const at::Tensor& eps) const {
@@ -987,5 +910,119 @@ TENSORDICT_DECL std::pair<at::Tensor, at::Tensor> TanhNormal::rsample_and_log_pr
   auto [action, log_prob, work] = detail::tanh_normal_function::run(*this, loc, scale, eps);
   return {action, log_prob};
 }
+}  // namespace tensordict::nn
+#endif  // TENSORDICT_DEFINITIONS
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::nn {
+TENSORDICT_DECL at::Tensor detail::sum_rightmost(const at::Tensor& t, int64_t n) {
+  if (n <= 0) return t;
+  std::vector<int64_t> dims;
+  for (int64_t d = t.dim() - n; d < t.dim(); ++d) dims.push_back(d);
+  return t.sum(dims);
+}
+
+TENSORDICT_DECL std::vector<at::Tensor> detail::broadcast_params(const char* dist, const std::vector<std::pair<const char*, at::Tensor>>& params) {
+  std::vector<at::Tensor> tensors;
+  std::string listed;
+  for (const auto& [param_name, t] : params) {
+    if (!t.defined() || !at::isFloatingType(t.scalar_type()))
+      throw dtype_error(std::string("tensordict::nn::") + dist + ": the parameter " + param_name + " is " + describe(t) +
+                        ", expected a floating-point tensor");
+    tensors.push_back(t);
+    listed += std::string(listed.empty() ? "" : ", ") + param_name + " " + describe(t);
+  }
+  try {
+    return at::broadcast_tensors(tensors);
+  } catch (const c10::Error&) {
+    throw shape_error(std::string("tensordict::nn::") + dist + ": the parameters do not broadcast (" + listed + ")");
+  }
+}
+
+TENSORDICT_DECL at::Tensor detail::clamp_probs(const at::Tensor& probs) {
+  const double eps = probs.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon()
+                                                        : std::numeric_limits<float>::epsilon();
+  return probs.clamp(eps, 1.0 - eps);
+}
+
+TENSORDICT_DECL std::pair<at::Tensor, at::Tensor> Distribution::rsample_and_log_prob(std::optional<at::Generator> generator) const {
+  at::Tensor value = rsample({}, std::move(generator));
+  at::Tensor log_probability = log_prob(value);
+  return {std::move(value), std::move(log_probability)};
+}
+
+TENSORDICT_DECL std::string Distribution::repr() const {
+  return name() + "(batch_shape=" + format_sizes(batch_shape_) + ", event_shape=" + format_sizes(event_shape_) + ")";
+}
+
+TENSORDICT_DECL std::vector<int64_t> Distribution::extended_shape(at::IntArrayRef sample_shape) const {
+  std::vector<int64_t> out(sample_shape.begin(), sample_shape.end());
+  out.insert(out.end(), batch_shape_.begin(), batch_shape_.end());
+  out.insert(out.end(), event_shape_.begin(), event_shape_.end());
+  return out;
+}
+
+[[noreturn]] TENSORDICT_DECL void Distribution::refuse(const char* call, const std::string& why) const {
+  throw value_error("tensordict::nn::" + name() + "." + call + ": " + why);
+}
+
+TENSORDICT_DECL void Distribution::check_value(const at::Tensor& value, const char* call) const {
+  const auto expected = extended_shape({});
+  const int64_t n = std::min<int64_t>(value.dim(), static_cast<int64_t>(expected.size()));
+  bool ok = value.defined();
+  for (int64_t i = 1; ok && i <= n; ++i) {
+    const int64_t v = value.size(-i), e = expected[expected.size() - i];
+    ok = v == e || v == 1 || e == 1;
+  }
+  if (!ok)
+    throw shape_error("tensordict::nn::" + name() + "." + call + ": the value " + describe(value) +
+                      " does not broadcast with batch_shape + event_shape = " + format_sizes(expected));
+}
+
+TENSORDICT_DECL Independent TanhNormal::base_dist() const {
+  return Independent(Normal(mapped_loc(), scale_), static_cast<int64_t>(event_shape().size()));
+}
+
+TENSORDICT_DECL at::Tensor TanhNormal::log_prob(const at::Tensor& value) const {
+  check_value(value, "log_prob");
+  const int64_t n = static_cast<int64_t>(event_shape().size());
+  at::Tensor y = value, log_prob;
+  if (affine()) {
+    y = (value - affine_loc()) / affine_scale();
+    log_prob = -detail::sum_rightmost(at::full_like(y, std::log(std::abs(affine_scale()))), n);
+  }
+  if (options_.safe_tanh) y = y.clamp(-1 + resolution(), 1 - resolution());
+  const auto x = y.atanh();
+  const auto log_det = detail::sum_rightmost(2 * (std::log(2.0) - x - at::softplus(-2 * x)), n);
+  log_prob = log_prob.defined() ? log_prob - log_det : -log_det;
+  return log_prob + base_dist().log_prob(x);
+}
+
+TENSORDICT_DECL void TanhNormal::check(const at::Tensor& loc, const TanhNormalOptions& o) {
+  if (!(o.low < o.high))
+    throw value_error("tensordict::nn::TanhNormal: the bounds low=" + std::to_string(o.low) +
+                      " and high=" + std::to_string(o.high) + " need low < high");
+  if (o.event_dims < 0)
+    throw shape_error("tensordict::nn::TanhNormal: event_dims=" + std::to_string(o.event_dims) + " for loc " +
+                      describe(loc));
+}
+
+TENSORDICT_DECL at::Tensor TanhNormal::transform(const at::Tensor& x) const {
+  auto y = x.tanh();
+  if (options_.safe_tanh) {
+    const double lim = 1 - resolution();
+    y = y + (y.detach().clamp(-lim, lim) - y.detach());  // clamped values, tanh's gradient
+  }
+  return affine() ? y * affine_scale() + affine_loc() : y;
+}
+
+TENSORDICT_DECL std::string Normal::name() const { return "Normal"; }
+TENSORDICT_DECL std::string Independent::name() const { return "Independent"; }
+TENSORDICT_DECL std::string Categorical::name() const { return "Categorical"; }
+TENSORDICT_DECL std::string OneHotCategorical::name() const { return "OneHotCategorical"; }
+TENSORDICT_DECL std::string Bernoulli::name() const { return "Bernoulli"; }
+TENSORDICT_DECL std::string Delta::name() const { return "Delta"; }
+TENSORDICT_DECL std::string TruncatedNormal::name() const { return "TruncatedNormal"; }
+TENSORDICT_DECL std::string TanhNormal::name() const { return "TanhNormal"; }
 }  // namespace tensordict::nn
 #endif  // TENSORDICT_DEFINITIONS

@@ -78,25 +78,7 @@ class set_interaction_type {
 // (rsample where there is one), as Python's module estimates it
 // (n_empirical_estimate); where the mean is no value of the distribution (a
 // Categorical's NaN) it throws value_error.
-inline at::Tensor draw(const Distribution& dist, interaction_type type, std::int64_t empirical_samples = 1000) {
-  switch (type) {
-    case interaction_type::mode: return dist.mode();
-    case interaction_type::median: return dist.median();
-    case interaction_type::mean: {
-      if (!dist.mean_is_a_value())
-        throw value_error("tensordict::nn: interaction_type::mean has no value for " + dist.repr() +
-                          ": its mean is no value it takes (a class index has none); use interaction_type::mode, "
-                          "deterministic or random");
-      try {
-        return dist.mean();
-      } catch (const value_error&) {  // no closed form
-        return (dist.has_rsample() ? dist.rsample({empirical_samples}) : dist.sample({empirical_samples})).mean(0);
-      }
-    }
-    case interaction_type::random: return dist.has_rsample() ? dist.rsample() : dist.sample();
-    default: return dist.deterministic_sample();
-  }
-}
+TENSORDICT_DECL at::Tensor draw(const Distribution& dist, interaction_type type, std::int64_t empirical_samples = 1000);
 
 struct no_distribution_options {};
 
@@ -557,3 +539,27 @@ class AnyProbabilisticTensorDictModule : public torch::nn::ModuleHolder<AnyProba
 };
 
 }  // namespace tensordict::nn
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::nn {
+TENSORDICT_DECL at::Tensor draw(const Distribution& dist, interaction_type type, std::int64_t empirical_samples) {
+  switch (type) {
+    case interaction_type::mode: return dist.mode();
+    case interaction_type::median: return dist.median();
+    case interaction_type::mean: {
+      if (!dist.mean_is_a_value())
+        throw value_error("tensordict::nn: interaction_type::mean has no value for " + dist.repr() +
+                          ": its mean is no value it takes (a class index has none); use interaction_type::mode, "
+                          "deterministic or random");
+      try {
+        return dist.mean();
+      } catch (const value_error&) {  // no closed form
+        return (dist.has_rsample() ? dist.rsample({empirical_samples}) : dist.sample({empirical_samples})).mean(0);
+      }
+    }
+    case interaction_type::random: return dist.has_rsample() ? dist.rsample() : dist.sample();
+    default: return dist.deterministic_sample();
+  }
+}
+}  // namespace tensordict::nn
+#endif  // TENSORDICT_DEFINITIONS
