@@ -170,7 +170,6 @@ struct typed_contents {
   std::vector<const std::optional<NonTensor>*> non_tensors;
   std::vector<c10::IntArrayRef> node_batches;
   c10::IntArrayRef batch_size;
-  std::optional<at::Device> device;
   batch_names names;
   bool locked = false;
 };
@@ -739,7 +738,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   }
   template <schema_type S>
   static detail::typed_contents contents_of(const TensorDict<S>& td) {
-    detail::typed_contents c{{}, {}, {}, td.batch_size(), td.device(), td.names(), td.is_locked()};
+    detail::typed_contents c{{}, {}, {}, td.batch_size(), td.names(), td.is_locked()};
     for (std::size_t i = 0; i < S::leaf_count; ++i) c.leaves.push_back(td.leaf(i));
     for (std::size_t i = 0; i < S::non_tensor_count; ++i) c.non_tensors.push_back(&td.non_tensor_at(i));
     for (std::size_t k = 0; k < S::node_count; ++k) c.node_batches.push_back(td.node_batch(k));
@@ -1415,12 +1414,7 @@ TENSORDICT_DECL void AnyTensorDict::insert_leaf(const any_key_path& path, const 
 }
 
 TENSORDICT_DECL at::Tensor AnyTensorDict::checked_leaf(at::Tensor t, c10::ArrayRef<std::string> path, const char* op, const AnyTensorDict* like) const {
-  if (device() && t.device() != *device()) t = t.to(*device());
-  const auto batch = like ? batch_at(path, *like) : batch_at(path);
-  if (!detail::has_batch_prefix(t, batch))
-    throw shape_error(std::string(op) + ": the leaf " + to_string(path) + " is " + describe(t) +
-                      ", but its leading dims must be the batch size " + format_sizes(batch));
-  return t;
+  return detail::checked_leaf(std::move(t), device(), like ? batch_at(path, *like) : batch_at(path), op, {}, to_string(path));
 }
 
 TENSORDICT_DECL std::shared_ptr<detail::any_node> AnyTensorDict::copy_node(const detail::any_node& from) {
