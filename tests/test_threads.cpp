@@ -26,6 +26,7 @@
 #include <tensordict/vmap.hpp>
 #include <tensordict/data/replay_buffer.hpp>
 #include <tensordict/threads.hpp>
+#include <tensordict/cpu_cache.hpp>
 #include <tensordict/detail/kernels/parallel_sets.hpp>
 
 using namespace tensordict;
@@ -283,4 +284,32 @@ TEST_CASE("for_each_claimed runs every body once, with the caller's state, waiti
   std::atomic<std::int64_t> sum{0};
   for (int call = 0; call < 2000; ++call) tensordict::detail::for_each_claimed(3, 2, [&](std::int64_t i) { sum.fetch_add(i + 1); });
   CHECK(sum.load() == 2000 * 6);
+}
+
+TEST_CASE("the CPU cache serves threads that free each other's blocks", "[threads]") {
+  tensordict::cache_cpu_allocations({.max_cached_bytes = 4 << 20, .max_block_bytes = 1 << 20});
+  // Each thread fills tensors, checks them and hands half to the other thread to free.
+  std::vector<at::Tensor> handed[2];
+  std::atomic<bool> intact{true};
+  auto work = [&](int me) {
+    std::vector<at::Tensor> mine;
+    for (int round = 0; round < 200; ++round) {
+      const at::Tensor t = at::full({64 + 16 * (round % 5)}, static_cast<double>(me * 1000 + round));
+      const at::Tensor twice = t * 2;  // an op's output from the cache too
+      if (!twice.eq(2.0 * (me * 1000 + round)).all().item<bool>()) intact = false;
+      if (round % 2 == 0) mine.push_back(t);
+    }
+    handed[me] = std::move(mine);
+  };
+  std::thread a(work, 0), b(work, 1);
+  a.join();
+  b.join();
+  std::thread free_a([&] { handed[0].clear(); }), free_b([&] { handed[1].clear(); });
+  free_a.join();
+  free_b.join();
+  CHECK(intact);
+  const auto stats = tensordict::cpu_cache_stats();
+  tensordict::stop_caching_cpu_allocations();
+  CHECK(stats.reused > 0);
+  CHECK(tensordict::cpu_cache_stats().cached_bytes == 0);
 }

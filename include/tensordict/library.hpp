@@ -18,6 +18,7 @@
 
 #include "tensordict.hpp"
 
+#include "cpu_cache.hpp"
 #include "files/memmap.hpp"
 #include "files/safetensors.hpp"
 #include "files/consolidated.hpp"

@@ -54,6 +54,16 @@ inline bool fused_recurrent_kernel(bool cuda, bool onednn_lstm) { return cuda ||
 
 }  // namespace tensordict::detail::compat
 
+// c10::Allocator: allocate() is const in libtorch 1.13 and not in 2.6, which
+// also adds the pure virtual copy_data (both from libtorch 2.3).
+#if TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR >= 203
+#define TENSORDICT_COMPAT_ALLOCATE_CONST
+#define TENSORDICT_COMPAT_ALLOCATOR_COPY_DATA 1
+#else
+#define TENSORDICT_COMPAT_ALLOCATE_CONST const
+#define TENSORDICT_COMPAT_ALLOCATOR_COPY_DATA 0
+#endif
+
 // Module types that libtorch 2.2 added (LPPool3d, ZeroPad1d, ZeroPad3d).
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
 #define TENSORDICT_HAS_TORCH_2_2_MODULES 1
