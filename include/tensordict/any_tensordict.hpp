@@ -161,7 +161,6 @@ namespace detail {
 struct schema_table {
   std::vector<key_path> leaves, non_tensors;
   std::vector<std::optional<std::vector<std::string_view>>> node_paths;  // per node (0: the schema's own level); none: no entry below it
-  std::vector<std::string> node_names;
   std::vector<std::size_t> parents;
 };
 // A typed TensorDict's contents, for the same (AnyTensorDict::contents_of).
@@ -726,10 +725,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
       detail::schema_table t;
       for (std::size_t i = 0; i < S::leaf_count; ++i) t.leaves.push_back(leaf_path<S>(i));
       for (std::size_t i = 0; i < S::non_tensor_count; ++i) t.non_tensors.push_back(non_tensor_path<S>(i));
-      for (std::size_t k = 0; k < S::node_count; ++k) {
-        t.node_paths.push_back(TensorDict<S>::node_path(k));
-        t.node_names.push_back(TensorDict<S>::node_name(k));
-      }
+      for (std::size_t k = 0; k < S::node_count; ++k) t.node_paths.push_back(TensorDict<S>::node_path(k));
       const auto& parents = detail::node_parents_of<S>::value;
       t.parents.assign(parents.begin(), parents.end());
       return t;
@@ -1545,7 +1541,7 @@ TENSORDICT_DECL AnyTensorDict::typed_parts AnyTensorDict::typed_parts_of(const d
     auto at = path ? locate(any_key_path(path->begin(), path->end())) : location{};
     out.batches[k] = at.node && !at.node->is_leaf(at.index) ? at.node->children[at.index]->batch : out.batches[table.parents[k]];
     if (like && !like->node_batches[k].equals(out.batches[k]))
-      problem(table.node_names[k] + ": batch_size: expected " + format_sizes(like->node_batches[k]) + ", got " +
+      problem(detail::node_name(path) + ": batch_size: expected " + format_sizes(like->node_batches[k]) + ", got " +
               format_sizes(out.batches[k]));
   }
   if (like) {

@@ -11,12 +11,11 @@
 // with its default two, on a 2-core machine running a compiler beside it).
 #pragma once
 
-#include <dlfcn.h>
-
 #include <string>
 
 #include <ATen/Parallel.h>
 
+#include "detail/kernels/blas_symbols.hpp"
 #include "errors.hpp"
 
 namespace tensordict {
@@ -24,12 +23,8 @@ namespace tensordict {
 namespace detail {
 // OpenBLAS's setter where the process loaded OpenBLAS (found at run time: the
 // BLAS is whatever libblas.so.3 points to), else null.
-inline void (*openblas_thread_setter())(int) {
-  return reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-}
-inline int (*openblas_thread_getter())() {
-  return reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-}
+inline void (*openblas_thread_setter())(int) { return blas_symbol<void(int)>("openblas_set_num_threads"); }
+inline int (*openblas_thread_getter())() { return blas_symbol<int()>("openblas_get_num_threads"); }
 }  // namespace detail
 
 // The threads of libtorch's intra-op pool (n) and, where the BLAS is

@@ -89,6 +89,17 @@ inline bool has_batch_prefix(const at::Tensor& t, c10::IntArrayRef batch) {
   return t.sizes().slice(0, batch.size()) == batch;
 }
 
+// A nested level's name in messages: its key path, where an entry lies below it.
+inline std::string node_name(const std::optional<std::vector<std::string_view>>& path) {
+  return path ? format_key_path(path->data(), path->size()) : "(an empty sub-schema)";
+}
+
+// t on `device` where the TensorDict has one (an undefined t stays so).
+inline at::Tensor on_device(at::Tensor t, const std::optional<at::Device>& device) {
+  if (t.defined() && device && t.device() != *device) t = t.to(*device);
+  return t;
+}
+
 // A leaf about to be stored (an undefined one stays so): moved to `device`, its leading dims
 // checked against `batch`, its level's batch size; errors name `path`, or `leaf` where path is empty.
 // Not a template, so that every schema's set, update and apply call one copy of it.
@@ -697,10 +708,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     if (!found) search(non_tensor_paths_v<S>);
     return found;
   }
-  static std::string node_name(std::size_t k) {
-    const auto path = node_path(k);
-    return path ? format_key_path(path->data(), path->size()) : "(an empty sub-schema)";
-  }
+  static std::string node_name(std::size_t k) { return detail::node_name(node_path(k)); }
 
 
   // A TensorDict of Map::type whose leaf i is this one's leaf Map::leaves[i].
@@ -742,10 +750,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     throw key_error("TensorDict.get: the leaf " + path_of(leaf) + " is not set");
   }
 
-  at::Tensor on_device(at::Tensor t) const {
-    if (t.defined() && device() && t.device() != *device()) t = t.to(*device());
-    return t;
-  }
+  at::Tensor on_device(at::Tensor t) const { return detail::on_device(std::move(t), device()); }
   // A leaf about to be stored at index i: on this TensorDict's device, with its level's batch dims in front.
   at::Tensor checked_leaf(at::Tensor t, std::size_t i, const char* op, const std::string& path = {}) const {
     return detail::checked_leaf(std::move(t), device(), node_batch(leaf_paths_v<S>[i].parent_node), op, leaf_path<S>(i), path);
@@ -1117,7 +1122,7 @@ namespace tensordict::detail {
 TENSORDICT_DECL at::Tensor checked_leaf(at::Tensor t, const std::optional<at::Device>& device, c10::IntArrayRef batch, const char* op,
                                         key_path leaf, const std::string& path) {
   if (!t.defined()) return t;
-  if (device && t.device() != *device) t = t.to(*device);
+  t = on_device(std::move(t), device);
   if (!has_batch_prefix(t, batch))
     throw shape_error(std::string(op) + ": the leaf " + (path.empty() ? to_string(leaf) : path) + " is " + describe(t) +
                       ", but its leading dims must be the batch size " + format_sizes(batch));

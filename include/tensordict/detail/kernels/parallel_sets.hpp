@@ -371,7 +371,7 @@ class helpers {
         seen = generation_;
         j = current_;
       }
-      if (j && j->next.load() < j->count) {
+      if (j && j->next.load() < j->count) {  // (work() checks again; this spares a taken job the guard)
         const at::ThreadLocalStateGuard guard(j->state);
         j->work();
       }

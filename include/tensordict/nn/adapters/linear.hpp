@@ -105,8 +105,6 @@ struct functional<torch::nn::BilinearImpl> {
 }  // namespace tensordict::nn
 
 #if TENSORDICT_DEFINITIONS
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -123,6 +121,7 @@ struct functional<torch::nn::BilinearImpl> {
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "../../detail/kernels/batched_gemm.hpp"
+#include "../../detail/kernels/blas_symbols.hpp"
 #include "../../detail/core_cache.hpp"
 #include "../../detail/format.hpp"
 #include "../../detail/kernels/parallel_sets.hpp"
@@ -139,7 +138,7 @@ namespace gemm = ::tensordict::detail::batched_gemm;
 using sgemm_function = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
                                 const float*, const int*, const float*, float*, const int*);
 inline sgemm_function blas_sgemm() {
-  static const auto f = reinterpret_cast<sgemm_function>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  static const sgemm_function f = ::tensordict::detail::blas_symbol<std::remove_pointer_t<sgemm_function>>("sgemm_");
   return f;
 }
 
@@ -338,8 +337,8 @@ inline std::vector<at::Tensor> as_one_set(at::TensorList tensors) {
 // A linear_run as one autograd node of (x, w0, b0, w1, b1, ...); with one_set (linear_chain) the
 // weights are 2-d and x [rows, in]: a run of one set. Its backward is the forward's products too, a
 // group of sets at a time (linear_run_backward); where a graph of the backward is asked for
-// (create_graph) it differentiates libtorch's ops on the saved inputs instead (linear_run_reference,
-// or at::linear per layer), so that second derivatives stay exact.
+// (create_graph) it differentiates libtorch's ops on the saved inputs instead (linear_run_reference),
+// so that second derivatives stay exact.
 struct linear_run_function : torch::autograd::Function<linear_run_function> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs, std::vector<std::int64_t> relu, bool one_set) {
     std::vector<at::Tensor> outputs = one_set ? linear_run_forward(inputs[0], as_one_set(inputs.slice(1)), relu)
@@ -368,16 +367,9 @@ struct linear_run_function : torch::autograd::Function<linear_run_function> {
       std::vector<at::Tensor> wrt;
       for (std::size_t i = 0; i < count; ++i)
         if (needs[i]) wrt.push_back(saved[i]);
-      at::Tensor y = x;
-      if (!one_set) {
-        y = linear_run_reference(x, tensors, relu);
-      } else {
-        for (std::size_t l = 0; l < layers; ++l) {
-          const at::Tensor& b = tensors[2 * l + 1];
-          y = at::linear(y, tensors[2 * l], b.numel() == 0 ? at::Tensor() : b);
-          if (relu[l]) y = y.relu();
-        }
-      }
+      // (as_one_set's unsqueeze is a view autograd records: the gradients reach the 2-d tensors)
+      const at::Tensor y =
+          one_set ? linear_run_reference(x, as_one_set(tensors), relu).select(0, 0) : linear_run_reference(x, tensors, relu);
       const auto d = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
       for (std::size_t i = 0, next = 0; i < count; ++i)
         if (needs[i]) out[i] = d[next++];
