@@ -11,6 +11,8 @@
 //   build/bench/bench_ensemble [seconds per variant] [most threads, default 2]
 // SETS_PER_TASK=n in the environment sets functional_vmap's sets_per_task;
 // ONLY=text runs the configs whose name contains text (ONLY=cnn).
+// CPU_CACHE=0 runs every variant on libtorch's CPU allocator instead of the
+// library's cache of freed blocks (tensordict::cache_cpu_allocations, the default here).
 // AOTI_PACKAGES=dir (libtorch >= 2.6) adds, for the MLP configs' forward, an
 // AOTInductor package of the vmapped functional_call run from C++: dir/a.pt2
 // (b, c), written by `python3 bench/python/ensemble.py --aoti dir`.
@@ -42,6 +44,7 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/version.h>
+#include <tensordict/cpu_cache.hpp>
 #include <tensordict/tensordict.hpp>
 
 #include "blas_settings.hpp"
@@ -377,6 +380,9 @@ int main(int argc, char** argv) {
   const int most_threads = argc > 2 ? std::atoi(argv[2]) : 2;
   std::printf("libtorch %s, compiler %s\n", TORCH_VERSION, __VERSION__);
   std::printf("BLAS: %s, 1 BLAS thread per intra-op thread\n", bench::blas_in_use().c_str());
+  const bool cpu_cache = !std::getenv("CPU_CACHE") || std::string(std::getenv("CPU_CACHE")) != "0";
+  if (cpu_cache) tensordict::cache_cpu_allocations();  // every variant allocates through it
+  std::printf("CPU allocator: %s\n", cpu_cache ? "tensordict::cache_cpu_allocations (CPU_CACHE=0: libtorch's)" : "libtorch's (CPU_CACHE=0)");
 
   // Kept first: OpenBLAS 0.3.29 (Debian 13) ran every later 256^3 sgemm at a third of its speed
   // (3.4 ms, not 1.0) in a process whose first GEMM was a small one.

@@ -19,9 +19,16 @@
 using test::Contains;
 
 namespace {
+// The priority test_functional_vmap.cpp's counting allocator registers with: libtorch's
+// priorities only rise in a process, and the suite may run both files in one.
+constexpr std::uint8_t priority = 100;
+
 // Leaves libtorch's allocator as it was however a test ends.
 struct caching_for_this_test {
-  explicit caching_for_this_test(const tensordict::CpuCacheOptions& options = {}) { tensordict::cache_cpu_allocations(options); }
+  explicit caching_for_this_test(tensordict::CpuCacheOptions options = {}) {
+    options.priority = priority;
+    tensordict::cache_cpu_allocations(options);
+  }
   ~caching_for_this_test() { tensordict::stop_caching_cpu_allocations(); }
 };
 
@@ -101,10 +108,18 @@ TEST_CASE("a training step gives the same values and gradients with the cache", 
   CHECK(tensordict::cpu_cache_stats().reused > 0);
 }
 
-TEST_CASE("cache_cpu_allocations rejects bounds that keep nothing and changes nothing then", "[cpu_cache]") {
+TEST_CASE("cache_cpu_allocations refuses bounds that keep nothing and an allocator's higher priority, changing nothing", "[cpu_cache]") {
   c10::Allocator* const before = c10::GetCPUAllocator();
-  CHECK_THROWS_AS(tensordict::cache_cpu_allocations({.max_cached_bytes = 1024, .max_block_bytes = 4096}), tensordict::value_error);
-  CHECK_THROWS_WITH(tensordict::cache_cpu_allocations({.max_cached_bytes = 1024, .max_block_bytes = 4096}),
+  CHECK_THROWS_AS(tensordict::cache_cpu_allocations({.max_cached_bytes = 1024, .max_block_bytes = 4096, .priority = priority}),
+                  tensordict::value_error);
+  CHECK_THROWS_WITH(tensordict::cache_cpu_allocations({.max_cached_bytes = 1024, .max_block_bytes = 4096, .priority = priority}),
                     Contains("max_block_bytes (4096) is larger than max_cached_bytes (1024)"));
   CHECK(c10::GetCPUAllocator() == before);
+  // The allocator in place registered with a priority above the one asked for (libtorch's own is
+  // registered with 0; here it was replaced with `priority`).
+  c10::SetCPUAllocator(before, priority);
+  CHECK_THROWS_WITH(tensordict::cache_cpu_allocations({.priority = priority - 1}),
+                    Contains("registered with a priority above 99 (c10::SetCPUAllocator); give CpuCacheOptions::priority at least that one"));
+  CHECK(c10::GetCPUAllocator() == before);
+  CHECK(tensordict::cpu_cache_stats().cached_bytes == 0);
 }

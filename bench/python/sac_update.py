@@ -19,7 +19,9 @@ Variants (each timed as the median of 7 rounds, one intra-op thread):
                    soft update (torch >= 2.0, a C++ compiler at run time; compile
                    time not counted); graph breaks are printed
 
-Run with Debian's python3-torch: python3 bench/python/sac_update.py [--no-compile] [--updates N]
+Run with Debian's python3-torch: python3 bench/python/sac_update.py [--no-compile] [--updates N] [--keep-denormal]
+Denormals are flushed (torch.set_flush_denormal(True)) as examples/sac flushes them by default;
+--keep-denormal leaves them (examples/sac --flush-denormal 0).
 Prints one line per variant: `python_sac_update variant=... update_us=...`; give those
 numbers to the C++ bench as `examples/sac --bench N --versus EAGER_US,COMPILED_US` for
 its vs_python_eager= and vs_compiled= ratios.
@@ -147,6 +149,7 @@ def median_us(update, calls):
 
 def main():
     torch.set_num_threads(1)
+    flush_denormal = "--keep-denormal" not in sys.argv and torch.set_flush_denormal(True)
     updates = int(sys.argv[sys.argv.index("--updates") + 1]) if "--updates" in sys.argv else 1400
     calls = max(updates // 7, 1)
     variants = {}
@@ -176,7 +179,7 @@ def main():
             update()
     for name, update in variants.items():
         print(f"python_sac_update variant={name} torch={torch.__version__} batch={BATCH} threads={torch.get_num_threads()} "
-              f"update_us={median_us(update, calls):.1f}", flush=True)
+              f"flush_denormal={int(bool(flush_denormal))} update_us={median_us(update, calls):.1f}", flush=True)
 
 
 main()

@@ -31,6 +31,9 @@ struct CpuCacheOptions {
   std::size_t max_cached_bytes = std::size_t{256} << 20;
   // Larger blocks are never kept (malloc serves those from mmap, and a step rarely repeats them).
   std::size_t max_block_bytes = std::size_t{16} << 20;
+  // c10::SetCPUAllocator's priority for the cache and, when it stops, for the allocator it replaced:
+  // libtorch keeps an allocator registered with a higher one (priorities only rise in a process).
+  std::uint8_t priority = 0;
 };
 
 struct CpuCacheStats {
@@ -45,7 +48,8 @@ struct CpuCacheStats {
 // no other thread allocates tensors (libtorch swaps the allocator without a
 // lock). Calling it again changes the bounds. Throws value_error for
 // max_block_bytes > max_cached_bytes and error where an allocator registered
-// with a higher priority keeps its place; either way nothing changes.
+// with a higher priority than options.priority keeps its place; either way
+// nothing changes.
 TENSORDICT_DECL void cache_cpu_allocations(const CpuCacheOptions& options = {});
 
 // Gives libtorch the allocator it had before, then the cached blocks back to
@@ -98,6 +102,7 @@ struct cpu_cache {
   std::uint64_t reused = 0, allocated = 0;
   std::atomic<bool> on{false};
   c10::Allocator* previous = nullptr;
+  std::uint8_t priority = 0;  // the one the cache was registered with
 
   // Never destroyed: a tensor freed while static objects are destroyed still finds the cache.
   static cpu_cache& instance() {
@@ -187,12 +192,14 @@ TENSORDICT_DECL void cache_cpu_allocations(const CpuCacheOptions& options) {
   auto* ours = &detail::the_cpu_cache_allocator();
   c10::Allocator* current = c10::GetCPUAllocator();
   if (current != ours) {
-    c10::SetCPUAllocator(ours, /*priority=*/0);
+    c10::SetCPUAllocator(ours, options.priority);
     if (c10::GetCPUAllocator() != ours)
-      throw error("tensordict::cache_cpu_allocations: libtorch kept the CPU allocator registered with a higher priority; "
-                  "the cache is not on");
+      throw error("tensordict::cache_cpu_allocations: libtorch kept its CPU allocator, registered with a priority above " +
+                  std::to_string(options.priority) + " (c10::SetCPUAllocator); give CpuCacheOptions::priority at least that one. "
+                  "The cache is not on");
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.previous = current;
+    cache.priority = options.priority;
     cache.reused = cache.allocated = 0;
   }
   bool over_bounds = false;
@@ -208,11 +215,13 @@ TENSORDICT_DECL void cache_cpu_allocations(const CpuCacheOptions& options) {
 TENSORDICT_DECL void stop_caching_cpu_allocations() {
   auto& cache = detail::cpu_cache::instance();
   c10::Allocator* previous = nullptr;
+  std::uint8_t priority = 0;
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
     previous = cache.previous;
+    priority = cache.priority;
   }
-  if (previous != nullptr && c10::GetCPUAllocator() == &detail::the_cpu_cache_allocator()) c10::SetCPUAllocator(previous, /*priority=*/0);
+  if (previous != nullptr && c10::GetCPUAllocator() == &detail::the_cpu_cache_allocator()) c10::SetCPUAllocator(previous, priority);
   cache.on.store(false, std::memory_order_release);
   cache.release_all();
 }
