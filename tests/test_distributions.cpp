@@ -4,8 +4,11 @@
 // tests/data/distributions.pt (torch.distributions' values and samples, made by
 // tests/data/make_distributions.py).
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "catch_torch.hpp"
 #include "test_helpers.hpp"
@@ -393,6 +396,62 @@ TEST_CASE("TanhNormal.rsample_and_log_prob: rsample then log_prob of it, in one 
   const auto [action, log_prob] = dist.rsample_and_log_prob(seeded(3));
   CHECK(at::allclose(log_prob, dist.log_prob(dist.rsample({}, seeded(3))), 1e-5, 1e-5));
   CHECK_FALSE(action.requires_grad());
+}
+
+// scale_mapping::at_least (NormalParamExtractor's scale): the softplus mappings' one pass and one
+// autograd node against the mapping's ops then clamp_min, on the layouts a chunk leaves, with
+// values the clamp cuts, beyond softplus's threshold, NaN and infinities.
+TEST_CASE("scale_mapping.at_least: the mapping's ops and clamp_min in one pass", "[distributions]") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    const double tol = dtype == at::kFloat ? 1e-6 : 1e-12;
+    for (const char* name : {"biased_softplus_1.0", "softplus", "biased_softplus_2.0_0.5"}) {
+      const tdn::scale_mapping mapping(name);
+      for (const double lower : {1e-4, 0.6}) {
+        INFO(name << ", lower " << lower << ", " << at::toString(dtype));
+        at::manual_seed(4);
+        at::Tensor base = at::randn({2, 3, 8}, dtype) * 4;
+        base[0][1][5] = 30.0;  // beyond softplus's threshold
+        base[0][2][6] = -40.0;  // softplus rounds to its exp
+        base[1][0][4] = nan;
+        base[1][1][5] = inf;
+        base[1][2][7] = -inf;
+        // The layouts: a chunk's second half (rows of 4 at a stride of 8), the same of a 2-d tensor, contiguous.
+        const std::vector<std::pair<const char*, std::function<at::Tensor(const at::Tensor&)>>> layouts = {
+            {"chunk of [2, 3, 8]", [](const at::Tensor& t) { return t.chunk(2, -1)[1]; }},
+            {"chunk of [6, 8]", [](const at::Tensor& t) { return t.view({6, 8}).chunk(2, -1)[1]; }},
+            {"contiguous", [](const at::Tensor& t) { return t.chunk(2, -1)[1].contiguous(); }}};
+        for (const auto& [layout, take] : layouts) {
+          INFO(layout);
+          const at::Tensor ours_in = base.clone().requires_grad_(), theirs_in = base.clone().requires_grad_();
+          const at::Tensor ours = mapping.at_least(take(ours_in), lower), theirs = mapping(take(theirs_in)).clamp_min(lower);
+          REQUIRE(ours.sizes() == theirs.sizes());
+          CHECK(at::allclose(ours, theirs, tol, tol, /*equal_nan=*/true));
+          CHECK(std::string(ours.grad_fn()->name()).find("scale_function") != std::string::npos);  // one node
+          const at::Tensor g = at::randn(ours.sizes(), dtype);
+          const at::Tensor ours_grad = torch::autograd::grad({ours}, {ours_in}, {g}, /*retain_graph=*/true)[0];
+          const at::Tensor theirs_grad = torch::autograd::grad({theirs}, {theirs_in}, {g}, /*retain_graph=*/true)[0];
+          CHECK(at::allclose(ours_grad, theirs_grad, tol, tol, /*equal_nan=*/true));
+          // Second derivatives: the ops' own.
+          const auto second = [&](const at::Tensor& y, const at::Tensor& in) {
+            const at::Tensor keep = at::isfinite(y.detach()).to(dtype);
+            const at::Tensor g1 = torch::autograd::grad({(y * y * keep).sum()}, {in}, {}, true, /*create_graph=*/true)[0];
+            return torch::autograd::grad({(g1.nan_to_num(0, 0, 0) * g1.nan_to_num(0, 0, 0)).sum()}, {in}, {}, true)[0];
+          };
+          CHECK(at::allclose(second(ours, ours_in), second(theirs, theirs_in), 100 * tol, 100 * tol, /*equal_nan=*/true));
+        }
+        // Without gradients: the values alone.
+        at::NoGradGuard no_grad;
+        const at::Tensor values = mapping.at_least(base.chunk(2, -1)[1], lower);
+        CHECK(at::allclose(values, mapping(base.chunk(2, -1)[1]).clamp_min(lower), tol, tol, /*equal_nan=*/true));
+        CHECK_FALSE(values.requires_grad());
+      }
+    }
+  }
+  // Other mappings and layouts take the ops.
+  const at::Tensor x = at::randn({4, 6}).requires_grad_();
+  CHECK(tdn::scale_mapping("exp").at_least(x, 0.5).equal(x.exp().clamp_min(0.5)));
+  CHECK(std::string(tdn::scale_mapping("softplus").at_least(x.t(), 0.5).grad_fn()->name()).find("ClampMin") != std::string::npos);
 }
 
 TEST_CASE("distribution errors name the distribution, the call and the shapes", "[distributions]") {

@@ -45,6 +45,10 @@ class scale_mapping {
   TENSORDICT_DECL scale_mapping(std::string name);
 
   TENSORDICT_DECL at::Tensor operator()(const at::Tensor& x) const;
+  // The mapping, then clamp_min(lower): a scale of at least `lower`. The softplus mappings on a
+  // float32/float64 CPU tensor take one pass and one autograd node (the four ops' values and
+  // gradients; their own backward where a graph of the backward is asked for).
+  TENSORDICT_DECL at::Tensor at_least(const at::Tensor& x, double lower) const;
   const std::string& name() const { return name_; }
 
  private:
@@ -71,7 +75,7 @@ class NormalParamExtractorImpl : public torch::nn::Cloneable<NormalParamExtracto
       throw shape_error("tensordict::nn::NormalParamExtractor: the input " + describe(x) +
                         " needs a last dim of at least 2 to split into loc and scale");
     auto halves = x.chunk(2, -1);
-    return {halves[0], options.mapping()(halves[1]).clamp_min(options.scale_lb())};
+    return {halves[0], options.mapping().at_least(halves[1], options.scale_lb())};
   }
 
   NormalParamExtractorOptions options;
@@ -108,7 +112,7 @@ class AddStateIndependentNormalScaleImpl : public torch::nn::Cloneable<AddStateI
     std::vector<int64_t> view(static_cast<std::size_t>(loc.dim() - n), 1);
     view.insert(view.end(), scale_shape_.begin(), scale_shape_.end());
     const auto broadcast = at::zeros(loc.sizes(), loc.options()) + scale.view(view);
-    return {loc, options.mapping()(broadcast).clamp_min(options.scale_lb())};
+    return {loc, options.mapping().at_least(broadcast, options.scale_lb())};
   }
 
   AddStateIndependentNormalScaleOptions options;
@@ -143,6 +147,17 @@ struct functional<AddStateIndependentNormalScaleImpl> {
 }  // namespace tensordict::nn
 
 #if TENSORDICT_DEFINITIONS
+#include <algorithm>
+#include <optional>
+
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "../detail/kernels/scalar_math.hpp"
+
 namespace tensordict::nn {
 TENSORDICT_DECL scale_mapping::scale_mapping(std::string name) : name_(std::move(name)) {
   const std::string biased = "biased_softplus";
@@ -181,6 +196,110 @@ TENSORDICT_DECL at::Tensor scale_mapping::operator()(const at::Tensor& x) const 
   if (name_ == "exp") return x.exp();
   if (name_ == "relu") return at::relu(x);
   return x;
+}
+}  // namespace tensordict::nn
+
+namespace tensordict::nn::detail {
+// softplus(x + shift) + min_val, then clamp_min(lower), per element in T as ATen's kernels round
+// them (the scalars cast to T); x as `rows` runs of `cols` values, run r at r * row_stride (the
+// halves NormalParamExtractor's chunk leaves), y and `unclamped` contiguous.
+struct scale_pass {
+  double shift, min_val, lower;
+  std::int64_t rows, cols, row_stride;
+
+  template <class T>
+  void forward(const T* x, T* y, T* unclamped) const {
+    const T s = static_cast<T>(shift), m = static_cast<T>(min_val), lo = static_cast<T>(lower);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const T v = ::tensordict::detail::softplus(x[r * row_stride + c] + s) + m;
+        unclamped[r * cols + c] = v;
+        y[r * cols + c] = std::isnan(v) ? v : std::max(v, lo);
+      }
+  }
+  // clamp_min's gradient passes where the unclamped value is at least `lower` (not NaN), then
+  // softplus's at x + shift.
+  template <class T>
+  void backward(const T* x, const T* unclamped, const T* g, T* gx) const {
+    const T s = static_cast<T>(shift), lo = static_cast<T>(lower);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::int64_t k = r * cols + c;
+        gx[k] = ::tensordict::detail::softplus_backward(unclamped[k] >= lo ? g[k] : T(0), x[r * row_stride + c] + s);
+      }
+  }
+};
+
+// x's layout for scale_pass, where its strides allow one.
+inline std::optional<scale_pass> scale_pass_for(const at::Tensor& x, double shift, double min_val, double lower) {
+  // Inside vmap or a functorch transform a tensor has no storage of its own; a dual tensor's tangent this pass would not carry.
+  if (!x.is_cpu() || x.layout() != at::kStrided || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) ||
+      !x.has_storage() || x._fw_grad(/*level=*/0).defined() || x.is_neg() || x.is_conj() || x.numel() == 0)
+    return std::nullopt;
+  const std::int64_t dim = x.dim(), cols = dim == 0 ? 1 : x.size(-1);
+  if (dim > 0 && cols > 1 && x.stride(-1) != 1) return std::nullopt;
+  // The leading dims walk the runs as one dim: each (but those of size 1) steps over the runs inside it.
+  std::int64_t row_stride = cols;
+  for (std::int64_t d = dim - 2; d >= 0; --d)
+    if (x.size(d) != 1) {
+      row_stride = x.stride(d);
+      break;
+    }
+  if (row_stride < cols) return std::nullopt;
+  for (std::int64_t d = dim - 2, expected = row_stride; d >= 0; expected *= x.size(d), --d)
+    if (x.size(d) != 1 && x.stride(d) != expected) return std::nullopt;
+  return scale_pass{shift, min_val, lower, x.numel() / cols, cols, row_stride};
+}
+
+// The pass as one autograd node of x.
+struct scale_function : torch::autograd::Function<scale_function> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, scale_pass pass) {
+    auto [y, unclamped] = run(x, pass);
+    ctx->save_for_backward({x, unclamped});
+    ctx->saved_data["shift"] = pass.shift;
+    ctx->saved_data["min_val"] = pass.min_val;
+    ctx->saved_data["lower"] = pass.lower;
+    ctx->set_materialize_grads(false);
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &unclamped = saved[1];
+    const double shift = ctx->saved_data["shift"].toDouble(), min_val = ctx->saved_data["min_val"].toDouble(),
+                 lower = ctx->saved_data["lower"].toDouble();
+    torch::autograd::variable_list out(2);  // x, the pass (not a tensor)
+    if (!grads[0].defined()) return out;
+    if (at::GradMode::is_enabled()) {  // a graph of the backward: the four ops' own
+      const at::Tensor y = (at::softplus(x + shift) + min_val).clamp_min(lower);
+      out[0] = torch::autograd::grad({y}, {x}, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+      return out;
+    }
+    const scale_pass pass = *scale_pass_for(x, shift, min_val, lower);
+    const at::Tensor g = grads[0].contiguous();
+    out[0] = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "tensordict::nn::scale_mapping", [&] {
+      pass.backward(x.data_ptr<scalar_t>(), unclamped.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(), out[0].data_ptr<scalar_t>());
+    });
+    return out;
+  }
+  static std::pair<at::Tensor, at::Tensor> run(const at::Tensor& x, const scale_pass& pass) {
+    const auto options = x.options().memory_format(at::MemoryFormat::Contiguous);
+    at::Tensor y = at::empty(x.sizes(), options), unclamped = at::empty(x.sizes(), options);
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "tensordict::nn::scale_mapping", [&] {
+      pass.forward(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), unclamped.data_ptr<scalar_t>());
+    });
+    return {std::move(y), std::move(unclamped)};
+  }
+};
+}  // namespace tensordict::nn::detail
+
+namespace tensordict::nn {
+TENSORDICT_DECL at::Tensor scale_mapping::at_least(const at::Tensor& x, double lower) const {
+  const bool softplus = biased_ || name_ == "softplus";
+  const auto pass = softplus ? detail::scale_pass_for(x, biased_ ? shift_ : 0.0, biased_ ? min_val_ : 0.0, lower) : std::nullopt;
+  if (!pass) return (*this)(x).clamp_min(lower);
+  if (at::GradMode::is_enabled() && x.requires_grad()) return detail::scale_function::apply(x, *pass);
+  return detail::scale_function::run(x, *pass).first;
 }
 }  // namespace tensordict::nn
 #endif  // TENSORDICT_DEFINITIONS
