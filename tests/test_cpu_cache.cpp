@@ -2,15 +2,14 @@
 // memory for the next tensor of that size), within their bounds, with the
 // same results as libtorch's allocator, and libtorch's allocator back after.
 #include "catch_torch.hpp"
-#include "test_helpers.hpp"
 
 #include <cstdint>
 #include <vector>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/zeros.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/autograd.h>
 

@@ -289,7 +289,7 @@ TEST_CASE("for_each_claimed runs every body once, with the caller's state, waiti
 TEST_CASE("the CPU cache serves threads that free each other's blocks", "[threads]") {
   // (priority 100: test_functional_vmap.cpp's counting allocator may have run in this process)
   tensordict::cache_cpu_allocations({.max_cached_bytes = 4 << 20, .max_block_bytes = 1 << 20, .priority = 100});
-  // Each thread fills tensors, checks them and hands half to the other thread to free.
+  // Each thread fills tensors and checks them; then each one's kept half is freed on another thread.
   std::vector<at::Tensor> handed[2];
   std::atomic<bool> intact{true};
   auto work = [&](int me) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "detail/config.hpp"
+#include "errors.hpp"  // what the calls below throw
 
 namespace tensordict {
 
@@ -77,7 +78,6 @@ TENSORDICT_DECL CpuCacheStats cpu_cache_stats();
 #include <c10/core/CPUAllocator.h>
 
 #include "detail/compat.hpp"
-#include "errors.hpp"
 
 namespace tensordict::detail {
 
@@ -191,20 +191,22 @@ TENSORDICT_DECL void cache_cpu_allocations(const CpuCacheOptions& options) {
   auto& cache = detail::cpu_cache::instance();
   auto* ours = &detail::the_cpu_cache_allocator();
   c10::Allocator* current = c10::GetCPUAllocator();
-  if (current != ours) {
+  const bool installing = current != ours;
+  if (installing) {
     c10::SetCPUAllocator(ours, options.priority);
     if (c10::GetCPUAllocator() != ours)
       throw error("tensordict::cache_cpu_allocations: libtorch kept its CPU allocator, registered with a priority above " +
                   std::to_string(options.priority) + " (c10::SetCPUAllocator); give CpuCacheOptions::priority at least that one. "
                   "The cache is not on");
-    std::lock_guard<std::mutex> lock(cache.mutex);
-    cache.previous = current;
-    cache.priority = options.priority;
-    cache.reused = cache.allocated = 0;
   }
   bool over_bounds = false;
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
+    if (installing) {
+      cache.previous = current;
+      cache.priority = options.priority;
+      cache.reused = cache.allocated = 0;
+    }
     cache.options = options;
     over_bounds = cache.cached_bytes > options.max_cached_bytes;
   }
