@@ -7,18 +7,20 @@ Each unit of units/ is compiled the two ways a consumer can build it:
   header_only  -DTENSORDICT_HEADER_ONLY (tensordict-header-only, tensordict::header_only):
                the TU compiles what it calls.
 The units: torch_only.cpp (<torch/torch.h> alone, the baseline); torch_loop.cpp
-(an MLP ensemble as a loop over libtorch modules); tensordict_only.cpp (the
-umbrella header alone); mlp_functional_vmap.cpp (a typed MLP ensemble through
-functional_vmap, umbrella header) and mlp_headers.cpp (the same with the
-headers it uses); sac_agent.cpp (a SAC-like agent in one file: typed
-TensorDicts, a tensordict.nn actor with TanhNormal, stacked critics through
-functional_vmap, a memmap buffer, a checkpoint); ../../examples/policy.cpp; and
-library.cpp, libtensordict's own TU (compiled when the package is built).
+(an MLP ensemble as a loop over libtorch modules); sac_torch.cpp (sac_agent.cpp's
+program with libtorch alone: what a one-file program of its size pays for
+libtorch's own templates); tensordict_only.cpp (the umbrella header alone);
+mlp_functional_vmap.cpp (a typed MLP ensemble through functional_vmap, umbrella
+header) and mlp_headers.cpp (the same with the headers it uses); sac_agent.cpp
+(a SAC-like agent in one file: typed TensorDicts, a tensordict.nn actor with
+TanhNormal, stacked critics through functional_vmap, a memmap buffer, a
+checkpoint); ../../examples/policy.cpp; and library.cpp, libtensordict's own TU
+(compiled when the package is built).
 Each is compiled `--repeat` times, interleaved, and the fastest time is kept (a
 shared machine only ever slows a compile down), with its peak memory and its
-ratio to torch_only. --phases adds where the seconds of torch_only, sac_agent
-and mlp_headers go (preprocessing, parse and instantiation, code generation) and
-their objects' text.
+ratio to torch_only (and sac_agent's to sac_torch). --phases adds where the
+seconds of torch_only, sac_torch, sac_agent and mlp_headers go (preprocessing,
+parse and instantiation, code generation) and their objects' text.
 
 Usage: units.py [--repeat 3] [--phases] -- COMPILER FLAGS...
 """
@@ -36,6 +38,7 @@ HEADER_ONLY = ["-DTENSORDICT_HEADER_ONLY"]
 UNITS = [
     ("torch_only", "units/torch_only.cpp", ["-"]),
     ("torch_loop", "units/torch_loop.cpp", ["-"]),
+    ("sac_torch", "units/sac_torch.cpp", ["-"]),
     ("tensordict_only", "units/tensordict_only.cpp", ["default", "header_only"]),
     ("mlp_functional_vmap", "units/mlp_functional_vmap.cpp", ["default", "header_only"]),
     ("mlp_headers", "units/mlp_headers.cpp", ["default", "header_only"]),
@@ -86,10 +89,11 @@ def main():
         base = best[("torch_only", "-")][0]
         for name, way, _ in runs:
             seconds, mib = best[(name, way)]
-            print(f"compile_time unit={name} way={way} seconds={seconds:.1f} peak_mib={mib:.0f} vs_torch_h={seconds / base:.2f}")
+            versus = f" vs_sac_torch={seconds / best[('sac_torch', '-')][0]:.2f}" if name == "sac_agent" else ""
+            print(f"compile_time unit={name} way={way} seconds={seconds:.1f} peak_mib={mib:.0f} vs_torch_h={seconds / base:.2f}{versus}")
         if report:
             for name, source, ways in UNITS:
-                if name not in ("torch_only", "sac_agent", "mlp_headers"):
+                if name not in ("torch_only", "sac_torch", "sac_agent", "mlp_headers"):
                     continue
                 for way in ways:
                     flags = HEADER_ONLY if way == "header_only" else []
