@@ -15,7 +15,7 @@
 
 #include "adapters/adapter.hpp"
 #include "adapters/linear.hpp"  // its children's Linears and ReLUs run as one detail::linear_run
-#include "adapters/pooling.hpp"  // a ReLU before a max pooling runs after it
+#include "adapters/parameter_free.hpp"  // its ReLUs join a run of Linears
 
 #include <torch/nn/modules/activation.h>
 
@@ -262,7 +262,7 @@ struct batched<SequentialImpl<Holders...>> {
       if (run.add(params.leaf(0), params.leaf(1))) return gather<I + 1>(m, p, run, ctx);
     }
     if constexpr (I + 1 < sizeof...(Holders) && std::is_same_v<child_impl<I>, torch::nn::ReLUImpl>) {
-      if constexpr (detail::in_list_v<child_impl<I + 1>, detail::max_pooling_family>) {
+      if constexpr (detail::relu_commutes_v<child_impl<I + 1>>) {
         // A ReLU before a max pooling runs after it, on a quarter of the values (MaxPool2d(2)), it and its backward:
         // each window's max of the ReLU's output is the ReLU of its max, and the gradient goes to the same input
         // (to none where the max is not positive). Only a zero's sign may differ: the ReLU of [-1, -0.0]'s max is

@@ -234,6 +234,12 @@ inline constexpr bool in_list_v = false;
 template <class T, class... Ts>
 inline constexpr bool in_list_v<T, type_list<Ts...>> = (std::is_same_v<T, Ts> || ...);
 
+// A module that a ReLU before it in a Sequential may run after: the max poolings, whose adapters
+// (pooling.hpp) say so. Sequential asks this, not the pooling family, so that it does not include
+// every pooling module's header for programs without one.
+template <class Impl>
+inline constexpr bool relu_commutes_v = false;
+
 template <class... Lists>
 struct concat_lists;
 template <>

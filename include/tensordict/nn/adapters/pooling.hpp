@@ -39,7 +39,13 @@ using sample_pooling_family =
               torch::nn::LPPool3dImpl,
 #endif
               torch::nn::LPPool2dImpl>;
-using max_pooling_family = type_list<torch::nn::MaxPool1dImpl, torch::nn::MaxPool2dImpl, torch::nn::MaxPool3dImpl>;
+// Each window's max of a ReLU's output is the ReLU of its max (sequential.hpp runs the ReLU after).
+template <>
+inline constexpr bool relu_commutes_v<torch::nn::MaxPool1dImpl> = true;
+template <>
+inline constexpr bool relu_commutes_v<torch::nn::MaxPool2dImpl> = true;
+template <>
+inline constexpr bool relu_commutes_v<torch::nn::MaxPool3dImpl> = true;
 using pooling_family = typename concat_lists<sample_pooling_family, unpooling_family, fractional_pooling_family>::type;
 }  // namespace detail
 
