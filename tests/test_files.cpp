@@ -26,6 +26,7 @@
 #include <tensordict/files/memmap.hpp>
 #include <tensordict/files/safetensors.hpp>
 #include <tensordict/files/consolidated.hpp>
+#include <tensordict/files/detail/zip_reader.hpp>  // archive::zip_entries: a .tdz's members
 
 using namespace tensordict;
 using test::Contains;

@@ -29,6 +29,8 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 
+#include <nlohmann/json.hpp>
+
 #include "../any_tensordict.hpp"
 #include "../errors.hpp"
 #include "../files/memmap.hpp"

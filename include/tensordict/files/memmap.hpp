@@ -39,8 +39,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
@@ -48,9 +46,6 @@
 #include "../detail/config.hpp"
 #include "detail/io.hpp"
 #include "detail/tensors.hpp"
-#include "detail/memmap_format.hpp"
-#include "detail/zip_reader.hpp"
-#include "detail/zip_writer.hpp"
 #include "../errors.hpp"
 #include "../lazy_stack.hpp"
 #include "../tensorclass.hpp"
@@ -60,6 +55,142 @@
 namespace tensordict {
 
 namespace detail {
+// The levels of a TensorDict that are Python tensorclasses, by key path ({} the root): the
+// class's Python name, "module.Name" ("__main__.Transition").
+using tensorclass_names = std::map<any_key_path, std::string>;
+}  // namespace detail
+
+TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, const load_options& options = {});
+
+// Writes into a directory of its own beside `dir` and puts it in place in
+// one step (detail::replace_directory), so `dir` is the old or the new one
+// whole. Keys and dtypes are checked before anything is written; a failed
+// save removes what it created (folders above `dir` included) and throws
+// file_error naming `dir` and the reason. A TensorDict without a device
+// writes the device "None", which Python tensordict reads back as none.
+// options.memmap: tensordict 0.14's by default, 0.4's on request (files/options.hpp says who reads which).
+TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const save_options& options = {});
+
+// As load_memmap, and `tensorclasses` receives the levels that are Python tensorclasses
+// (their fields are the level's TensorDict), by key path ({} for the root), with the
+// class's Python name ("__main__.TC"): save_memmap(td, dir, tensorclasses) writes them so again.
+TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, std::map<any_key_path, std::string>& tensorclasses,
+                                          const load_options& options = {});
+
+// A TensorDict some of whose levels are Python tensorclasses, written as tensordict 0.7
+// and later write them: `tensorclasses` maps each such level's key path ({} for the
+// root) to its class's Python name, "module.Name" ("__main__.Transition"), which
+// Python's TensorDict.load_memmap imports. memmap_layout::v0_4 refuses them.
+TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const std::map<any_key_path, std::string>& tensorclasses,
+                                 const save_options& options = {});
+
+// Python's td.memmap_like(dir): a memmap directory with `like`'s keys,
+// shapes, dtypes and batch size, whose files are full size and zero without
+// being written (sparse where the file system allows), loaded shared
+// (load_memory::shared: writes into the result reach the files) and locked.
+// Write rows into it with index_put_ / update_at_ / set_at_; Python's
+// TensorDict.load_memmap(dir) reads it meanwhile. `dir` must not exist (or be
+// empty): reopen a buffer with load_memmap(dir, {.memory = load_memory::shared}).
+// The directory appears whole (meta.json included) or not at all.
+TENSORDICT_DECL AnyTensorDict memmap_like(const AnyTensorDict& like, const std::string& dir, const save_options& options = {});
+
+// A LazyStackedTensorDict's folder (or .tdz archive), its elements kept apart
+// as Python keeps them: their shapes may differ ("obs" of 3 and of 5 steps),
+// where load_memmap stacks them into one TensorDict and so needs them equal.
+TENSORDICT_DECL LazyStackedTensorDict<AnyTensorDict> load_memmap_lazy_stack(const std::string& dir, const load_options& options = {});
+
+// Writes a lazy stack as Python does: meta.json holds {"_type": LazyStackedTensorDict, "stack_dim": d},
+// each element a TensorDict level in folders 0, 1, ... (Python: TensorDict.load_memmap(dir)).
+TENSORDICT_DECL void save_memmap(const LazyStackedTensorDict<AnyTensorDict>& stack, const std::string& dir,
+                                 const save_options& options = {});
+
+// Into a typed TensorDict: every key must be a leaf of S; unset leaves stay unset.
+template <schema_type S>
+TensorDict<S> load_memmap(const std::string& dir, const load_options& options = {}) {
+  return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
+    TensorDict<S> out = detail::typed_from_file<S>(load_memmap(dir, options), options);
+    if (options.memory == load_memory::shared) out.lock_();
+    return out;
+  });
+}
+
+// As load_memmap<S>, and the keys, shapes and dtypes must be those of `like`.
+template <schema_type S>
+TensorDict<S> load_memmap(const std::string& dir, const TensorDict<S>& like, const load_options& options = {}) {
+  return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
+    TensorDict<S> out = detail::typed_from_file(load_memmap(dir, options), like, options);
+    if (options.memory == load_memory::shared) out.lock_();
+    return out;
+  });
+}
+
+namespace detail {
+// The Python names of a tensorclass and of the tensorclasses among its members, by key path.
+template <tensorclass_type T>
+void collect_tensorclass_names(tensorclass_names& out, any_key_path& path, const std::string& module) {
+  out[path] = module + "." + T::tensorclass_name;
+  const T probe{};
+  std::size_t index = 0;
+  std::apply(
+      [&](const auto&... member) {
+        (
+            [&](const auto& m) {
+              using M = std::remove_cvref_t<decltype(m)>;
+              if constexpr (!std::is_same_v<M, at::Tensor>) {
+                path.emplace_back(T::schema_t::names[index]);
+                collect_tensorclass_names<M>(out, path, module);
+                path.pop_back();
+              }
+              ++index;
+            }(member),
+            ...);
+      },
+      probe.tensordict_fields());
+}
+}  // namespace detail
+
+// A tensorclass (tensorclass.hpp) as Python writes an instance of the @tensorclass of the
+// same name in `python_module` ("__main__" where the Python program defines it): its
+// nested tensorclasses too. load_memmap<T> reads it back, and Python's TensorDict.load_memmap.
+template <tensorclass_type T>
+void save_memmap(const T& value, const std::string& dir, const save_options& options = {}, const std::string& python_module = "__main__") {
+  detail::tensorclass_names classes;
+  any_key_path path;
+  detail::collect_tensorclass_names<T>(classes, path, python_module);
+  save_memmap(AnyTensorDict(value.to_tensordict()), dir, classes, options);
+}
+
+// A tensorclass's folder (Python's, or save_memmap's above) as T, its fields by name
+// (a folder of the TensorDict of T's fields loads too).
+template <tensorclass_type T>
+T load_memmap(const std::string& dir, const load_options& options = {}) {
+  return T::from_tensordict(load_memmap<typename T::schema_t>(dir, options));
+}
+
+// As memmap_like, typed as `like`.
+template <schema_type S>
+TensorDict<S> memmap_like(const TensorDict<S>& like, const std::string& dir, const save_options& options = {}) {
+  const AnyTensorDict loaded = memmap_like(AnyTensorDict(like), dir, options);
+  return detail::naming_the_file("tensordict::memmap_like", dir, [&] {
+    TensorDict<S> out = detail::typed_from_file(loaded, like, load_options{});
+    out.lock_();
+    return out;
+  });
+}
+
+}  // namespace tensordict
+
+// The format's work (the folder and .tdz readers and writers, meta.json) compiles in libtensordict: a
+// program's TUs do not parse nlohmann/json or the zip code for it.
+#if TENSORDICT_DEFINITIONS
+#include <nlohmann/json.hpp>
+#include "detail/memmap_format.hpp"
+#include "detail/zip_reader.hpp"
+#include "detail/zip_writer.hpp"
+
+namespace tensordict {
+namespace detail {
+
 
 // Where a memmap TensorDict's files are: a folder, or 0.14's .tdz archive (the
 // folder's files as the stored members of a zip, mapped whole). Paths are
@@ -162,10 +293,6 @@ inline std::string entry_path(const memmap_source& src, const std::string& dir, 
   if (there(first)) return first;
   return there(second) ? second : encoded_path;
 }
-
-// The levels of a TensorDict that are Python tensorclasses, by key path ({} the root): the
-// class's Python name, "module.Name" ("__main__.Transition").
-using tensorclass_names = std::map<any_key_path, std::string>;
 
 // `classes`, where given, receives the tensorclasses met (not those inside a lazy stack's elements).
 inline AnyTensorDict load_memmap_node(const memmap_source& src, const std::string& dir, any_key_path& path,
@@ -428,9 +555,8 @@ inline void write_tdz(const std::filesystem::path& folder, std::ostream& out) {
 
 }  // namespace detail
 
-TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, const load_options& options = {});
-
 namespace detail {
+
 
 // Writes the directory beside `dir` and puts it in place in one step; a
 // failed write removes what it created (folders above `dir` included).
@@ -533,126 +659,6 @@ inline void write_memmap_directory(const std::vector<AnyTensorDict>& tds, std::o
 
 }  // namespace detail
 
-// Writes into a directory of its own beside `dir` and puts it in place in
-// one step (detail::replace_directory), so `dir` is the old or the new one
-// whole. Keys and dtypes are checked before anything is written; a failed
-// save removes what it created (folders above `dir` included) and throws
-// file_error naming `dir` and the reason. A TensorDict without a device
-// writes the device "None", which Python tensordict reads back as none.
-// options.memmap: tensordict 0.14's by default, 0.4's on request (files/options.hpp says who reads which).
-TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const save_options& options = {});
-
-// As load_memmap, and `tensorclasses` receives the levels that are Python tensorclasses
-// (their fields are the level's TensorDict), by key path ({} for the root), with the
-// class's Python name ("__main__.TC"): save_memmap(td, dir, tensorclasses) writes them so again.
-TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, std::map<any_key_path, std::string>& tensorclasses,
-                                          const load_options& options = {});
-
-// A TensorDict some of whose levels are Python tensorclasses, written as tensordict 0.7
-// and later write them: `tensorclasses` maps each such level's key path ({} for the
-// root) to its class's Python name, "module.Name" ("__main__.Transition"), which
-// Python's TensorDict.load_memmap imports. memmap_layout::v0_4 refuses them.
-TENSORDICT_DECL void save_memmap(const AnyTensorDict& td, const std::string& dir, const std::map<any_key_path, std::string>& tensorclasses,
-                                 const save_options& options = {});
-
-// Python's td.memmap_like(dir): a memmap directory with `like`'s keys,
-// shapes, dtypes and batch size, whose files are full size and zero without
-// being written (sparse where the file system allows), loaded shared
-// (load_memory::shared: writes into the result reach the files) and locked.
-// Write rows into it with index_put_ / update_at_ / set_at_; Python's
-// TensorDict.load_memmap(dir) reads it meanwhile. `dir` must not exist (or be
-// empty): reopen a buffer with load_memmap(dir, {.memory = load_memory::shared}).
-// The directory appears whole (meta.json included) or not at all.
-TENSORDICT_DECL AnyTensorDict memmap_like(const AnyTensorDict& like, const std::string& dir, const save_options& options = {});
-
-// A LazyStackedTensorDict's folder (or .tdz archive), its elements kept apart
-// as Python keeps them: their shapes may differ ("obs" of 3 and of 5 steps),
-// where load_memmap stacks them into one TensorDict and so needs them equal.
-TENSORDICT_DECL LazyStackedTensorDict<AnyTensorDict> load_memmap_lazy_stack(const std::string& dir, const load_options& options = {});
-
-// Writes a lazy stack as Python does: meta.json holds {"_type": LazyStackedTensorDict, "stack_dim": d},
-// each element a TensorDict level in folders 0, 1, ... (Python: TensorDict.load_memmap(dir)).
-TENSORDICT_DECL void save_memmap(const LazyStackedTensorDict<AnyTensorDict>& stack, const std::string& dir,
-                                 const save_options& options = {});
-
-// Into a typed TensorDict: every key must be a leaf of S; unset leaves stay unset.
-template <schema_type S>
-TensorDict<S> load_memmap(const std::string& dir, const load_options& options = {}) {
-  return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
-    TensorDict<S> out = detail::typed_from_file<S>(load_memmap(dir, options), options);
-    if (options.memory == load_memory::shared) out.lock_();
-    return out;
-  });
-}
-
-// As load_memmap<S>, and the keys, shapes and dtypes must be those of `like`.
-template <schema_type S>
-TensorDict<S> load_memmap(const std::string& dir, const TensorDict<S>& like, const load_options& options = {}) {
-  return detail::naming_the_file("tensordict::load_memmap", dir, [&] {
-    TensorDict<S> out = detail::typed_from_file(load_memmap(dir, options), like, options);
-    if (options.memory == load_memory::shared) out.lock_();
-    return out;
-  });
-}
-
-namespace detail {
-// The Python names of a tensorclass and of the tensorclasses among its members, by key path.
-template <tensorclass_type T>
-void collect_tensorclass_names(tensorclass_names& out, any_key_path& path, const std::string& module) {
-  out[path] = module + "." + T::tensorclass_name;
-  const T probe{};
-  std::size_t index = 0;
-  std::apply(
-      [&](const auto&... member) {
-        (
-            [&](const auto& m) {
-              using M = std::remove_cvref_t<decltype(m)>;
-              if constexpr (!std::is_same_v<M, at::Tensor>) {
-                path.emplace_back(T::schema_t::names[index]);
-                collect_tensorclass_names<M>(out, path, module);
-                path.pop_back();
-              }
-              ++index;
-            }(member),
-            ...);
-      },
-      probe.tensordict_fields());
-}
-}  // namespace detail
-
-// A tensorclass (tensorclass.hpp) as Python writes an instance of the @tensorclass of the
-// same name in `python_module` ("__main__" where the Python program defines it): its
-// nested tensorclasses too. load_memmap<T> reads it back, and Python's TensorDict.load_memmap.
-template <tensorclass_type T>
-void save_memmap(const T& value, const std::string& dir, const save_options& options = {}, const std::string& python_module = "__main__") {
-  detail::tensorclass_names classes;
-  any_key_path path;
-  detail::collect_tensorclass_names<T>(classes, path, python_module);
-  save_memmap(AnyTensorDict(value.to_tensordict()), dir, classes, options);
-}
-
-// A tensorclass's folder (Python's, or save_memmap's above) as T, its fields by name
-// (a folder of the TensorDict of T's fields loads too).
-template <tensorclass_type T>
-T load_memmap(const std::string& dir, const load_options& options = {}) {
-  return T::from_tensordict(load_memmap<typename T::schema_t>(dir, options));
-}
-
-// As memmap_like, typed as `like`.
-template <schema_type S>
-TensorDict<S> memmap_like(const TensorDict<S>& like, const std::string& dir, const save_options& options = {}) {
-  const AnyTensorDict loaded = memmap_like(AnyTensorDict(like), dir, options);
-  return detail::naming_the_file("tensordict::memmap_like", dir, [&] {
-    TensorDict<S> out = detail::typed_from_file(loaded, like, load_options{});
-    out.lock_();
-    return out;
-  });
-}
-
-}  // namespace tensordict
-
-#if TENSORDICT_DEFINITIONS
-namespace tensordict {
 
 TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, const load_options& options) {
   std::map<any_key_path, std::string> tensorclasses;

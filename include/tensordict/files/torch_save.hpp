@@ -36,19 +36,55 @@
 #include <unordered_map>
 #include <vector>
 
-#include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/core/ivalue.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 
 #include "../any_tensordict.hpp"
 #include "../detail/config.hpp"
 #include "detail/io.hpp"
 #include "detail/tensors.hpp"
-#include "detail/torch_archive.hpp"
 #include "../errors.hpp"
 #include "../typed_tensordict.hpp"
+
+namespace tensordict {
+
+// The bytes of a torch.save file holding the TensorDict (typed ones convert implicitly).
+TENSORDICT_DECL std::string save_to_string(const AnyTensorDict& td, const save_options& options = {});
+
+// Written beside `path` and renamed: a failed save leaves an existing file whole.
+TENSORDICT_DECL void save(const AnyTensorDict& td, const std::string& path, const save_options& options = {});
+
+// A torch.save file's dict as an AnyTensorDict with batch_size []; the tensors
+// own their memory (the bytes need not outlive the result).
+TENSORDICT_DECL AnyTensorDict load_from_string(std::string_view bytes, const load_options& options = {});
+
+// Owned (the default) reads the file into memory and copies the tensors out
+// of it; mapped points them into a mapping of the file (files/options.hpp).
+TENSORDICT_DECL AnyTensorDict load(const std::string& path, const load_options& options = {});
+
+// Into a typed TensorDict: every key must be a leaf of S (a flat state_dict
+// is unflattened first); unset leaves stay unset.
+template <schema_type S>
+TensorDict<S> load(const std::string& path, const load_options& options = {}) {
+  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file<S>(load(path, options), options); });
+}
+
+// As load<S>, and the keys, shapes and dtypes must be those of `like`
+// (from_module(net) for a checkpoint of net); one error lists every difference.
+template <schema_type S>
+TensorDict<S> load(const std::string& path, const TensorDict<S>& like, const load_options& options = {}) {
+  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file(load(path, options), like, options); });
+}
+
+}  // namespace tensordict
+
+// The format's work (the pickle writer and reader, the zip archive) compiles in libtensordict: a program's
+// TUs do not parse libtorch's serialization headers for it.
+#if TENSORDICT_DEFINITIONS
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include "detail/torch_archive.hpp"
 
 namespace tensordict {
 
@@ -189,44 +225,11 @@ inline AnyTensorDict load_parsed(std::string_view bytes, const std::shared_ptr<c
 
 }  // namespace detail
 
-// The bytes of a torch.save file holding the TensorDict (typed ones convert implicitly).
 namespace detail {
 inline AnyTensorDict laid_out(const AnyTensorDict& td, const save_options& options) {
   return options.layout == file_layout::flat ? td.flatten_keys(options.separator) : td;
 }
 }  // namespace detail
-
-TENSORDICT_DECL std::string save_to_string(const AnyTensorDict& td, const save_options& options = {});
-
-// Written beside `path` and renamed: a failed save leaves an existing file whole.
-TENSORDICT_DECL void save(const AnyTensorDict& td, const std::string& path, const save_options& options = {});
-
-// A torch.save file's dict as an AnyTensorDict with batch_size []; the tensors
-// own their memory (the bytes need not outlive the result).
-TENSORDICT_DECL AnyTensorDict load_from_string(std::string_view bytes, const load_options& options = {});
-
-// Owned (the default) reads the file into memory and copies the tensors out
-// of it; mapped points them into a mapping of the file (files/options.hpp).
-TENSORDICT_DECL AnyTensorDict load(const std::string& path, const load_options& options = {});
-
-// Into a typed TensorDict: every key must be a leaf of S (a flat state_dict
-// is unflattened first); unset leaves stay unset.
-template <schema_type S>
-TensorDict<S> load(const std::string& path, const load_options& options = {}) {
-  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file<S>(load(path, options), options); });
-}
-
-// As load<S>, and the keys, shapes and dtypes must be those of `like`
-// (from_module(net) for a checkpoint of net); one error lists every difference.
-template <schema_type S>
-TensorDict<S> load(const std::string& path, const TensorDict<S>& like, const load_options& options = {}) {
-  return detail::naming_the_file("tensordict::load", path, [&] { return detail::typed_from_file(load(path, options), like, options); });
-}
-
-}  // namespace tensordict
-
-#if TENSORDICT_DEFINITIONS
-namespace tensordict {
 
 TENSORDICT_DECL std::string save_to_string(const AnyTensorDict& td, const save_options& options) {
   std::ostringstream out;

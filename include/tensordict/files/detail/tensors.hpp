@@ -17,6 +17,7 @@
 #include <torch/version.h>
 
 #include "../../any_tensordict.hpp"
+#include "../../detail/config.hpp"
 #include "../../errors.hpp"
 #include "../options.hpp"
 #include "dtypes.hpp"
@@ -139,15 +140,28 @@ TensorDict<S> typed_from_file(const AnyTensorDict& any, const TensorDict<S>& lik
   return shaped_for<S>(any).to_typed(like, {.ignore_extra = !options.strict});
 }
 
+// Called in a handler of a tensordict error: throws it again, a file, key, shape
+// or dtype error with `verb("path"): ` in front where it lacks it (keeping its type).
+[[noreturn]] TENSORDICT_DECL void rethrow_naming_the_file(const char* verb, const std::string& path);
+
 // Runs f; a tensordict error without `verb("path")` in front gets it, and
 // keeps its type (a typed load's shape_error names the file it read).
 template <class F>
 decltype(auto) naming_the_file(const char* verb, const std::string& path, F&& f) {
+  try {
+    return f();
+  } catch (const error&) {
+    rethrow_naming_the_file(verb, path);
+  }
+}
+
+#if TENSORDICT_DEFINITIONS
+TENSORDICT_DECL void rethrow_naming_the_file(const char* verb, const std::string& path) {
   const std::string prefix = std::string(verb) + "(\"" + path + "\")";
   auto named = [&](const error& e) { return prefix + ": " + e.what(); };
   auto has_it = [&](const error& e) { return std::string_view(e.what()).substr(0, prefix.size()) == prefix; };
   try {
-    return f();
+    throw;
   } catch (const file_error& e) {
     if (has_it(e)) throw;
     throw file_error(named(e));
@@ -162,5 +176,6 @@ decltype(auto) naming_the_file(const char* verb, const std::string& path, F&& f)
     throw dtype_error(named(e));
   }
 }
+#endif  // TENSORDICT_DEFINITIONS
 
 }  // namespace tensordict::detail
