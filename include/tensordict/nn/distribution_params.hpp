@@ -146,6 +146,16 @@ struct functional<AddStateIndependentNormalScaleImpl> {
 
 }  // namespace tensordict::nn
 
+// The modules' vtables and virtual members (clone, clone_) compile once, in libtensordict, instead
+// of in every TU that constructs one: explicit instantiations of their Cloneable bases.
+#if !TENSORDICT_DEFINITIONS
+extern template class torch::nn::Cloneable<tensordict::nn::NormalParamExtractorImpl>;
+extern template class torch::nn::Cloneable<tensordict::nn::AddStateIndependentNormalScaleImpl>;
+#elif !defined(TENSORDICT_HEADER_ONLY)
+template class torch::nn::Cloneable<tensordict::nn::NormalParamExtractorImpl>;
+template class torch::nn::Cloneable<tensordict::nn::AddStateIndependentNormalScaleImpl>;
+#endif
+
 #if TENSORDICT_DEFINITIONS
 #include <algorithm>
 #include <optional>
