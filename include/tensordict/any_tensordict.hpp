@@ -173,6 +173,16 @@ struct typed_contents {
   bool locked = false;
 };
 
+// The table of a schema of leaf_count leaves (and so on), as AnyTensorDict::table_of<S> builds it once per schema.
+TENSORDICT_DECL schema_table make_schema_table(entry_table leaves, entry_table non_tensors, std::size_t node_count,
+                                               c10::function_ref<std::optional<std::vector<std::string_view>>(std::size_t)> node_path,
+                                               const std::size_t* parents);
+// A typed TensorDict's contents: the entries [leaf_base, + leaf_count) of its storage, and so on.
+TENSORDICT_DECL typed_contents contents_of_storage(const storage& st, std::size_t leaf_base, std::size_t leaf_count,
+                                                   std::size_t non_tensor_base, std::size_t non_tensor_count,
+                                                   std::size_t node_base, std::size_t node_count, batch_names names,
+                                                   bool locked);
+
 struct any_root {
   std::size_t batch_dims = 0;  // of the root level, whose dims alone carry names
   std::optional<at::Device> device;
@@ -721,24 +731,15 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   // The schema's paths, built once per schema for the conversions' untyped parts.
   template <schema_type S>
   static const detail::schema_table& table_of() {
-    static const detail::schema_table table = [] {
-      detail::schema_table t;
-      for (std::size_t i = 0; i < S::leaf_count; ++i) t.leaves.push_back(leaf_path<S>(i));
-      for (std::size_t i = 0; i < S::non_tensor_count; ++i) t.non_tensors.push_back(non_tensor_path<S>(i));
-      for (std::size_t k = 0; k < S::node_count; ++k) t.node_paths.push_back(TensorDict<S>::node_path(k));
-      const auto& parents = detail::node_parents_of<S>::value;
-      t.parents.assign(parents.begin(), parents.end());
-      return t;
-    }();
+    static const detail::schema_table table =
+        detail::make_schema_table(detail::leaf_entries<S>(), detail::non_tensor_entries<S>(), S::node_count,
+                                  [](std::size_t k) { return TensorDict<S>::node_path(k); }, detail::node_parents_of<S>::value.data());
     return table;
   }
   template <schema_type S>
   static detail::typed_contents contents_of(const TensorDict<S>& td) {
-    detail::typed_contents c{{}, {}, {}, td.batch_size(), td.names(), td.is_locked()};
-    for (std::size_t i = 0; i < S::leaf_count; ++i) c.leaves.push_back(td.leaf(i));
-    for (std::size_t i = 0; i < S::non_tensor_count; ++i) c.non_tensors.push_back(&td.non_tensor_at(i));
-    for (std::size_t k = 0; k < S::node_count; ++k) c.node_batches.push_back(td.node_batch(k));
-    return c;
+    return detail::contents_of_storage(*td.st_, td.leaf_base_, S::leaf_count, td.non_tensor_base_, S::non_tensor_count,
+                                       td.node_base_, S::node_count, td.names(), td.is_locked());
   }
   // The typed constructor's work: every set leaf and non-tensor entry, nested levels' batch sizes, names, the lock.
   TENSORDICT_DECL void take_typed(const detail::schema_table& table, const detail::typed_contents& typed);
@@ -753,16 +754,21 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   TENSORDICT_DECL typed_parts typed_parts_of(const detail::schema_table& table, const detail::typed_contents* like,
                                              to_typed_options options) const;
 
+  // The storage of to_typed's result: `parts` in a new storage of this batch size and device, every
+  // leaf checked as the typed constructor checks it (against the root's batch size), then the nested
+  // levels' batch sizes and the non-tensor entries.
+  TENSORDICT_DECL std::shared_ptr<detail::storage> typed_storage(typed_parts parts, detail::entry_table leaves,
+                                                                 std::size_t node_count, std::size_t non_tensor_count,
+                                                                 const std::size_t* parents) const;
+
   template <schema_type S>
   TensorDict<S> typed_from(const TensorDict<S>* like, to_typed_options options) const {
     std::optional<detail::typed_contents> reference;
     if (like) reference = contents_of(*like);
-    typed_parts parts = typed_parts_of(table_of<S>(), reference ? &*reference : nullptr, options);
-    std::array<at::Tensor, S::leaf_count> leaves;
-    std::move(parts.leaves.begin(), parts.leaves.end(), leaves.begin());
-    TensorDict<S> out(std::move(leaves), batch_size(), device());
-    out.st_->batches = std::move(parts.batches);
-    std::move(parts.non_tensors.begin(), parts.non_tensors.end(), out.st_->non_tensors.begin());
+    TensorDict<S> out(typed_storage(typed_parts_of(table_of<S>(), reference ? &*reference : nullptr, options),
+                                    detail::leaf_entries<S>(), S::node_count, S::non_tensor_count,
+                                    detail::node_parents_of<S>::value.data()),
+                      0, 0, 0);
     if (is_locked()) out.lock_();
     return out;
   }
@@ -857,6 +863,39 @@ inline AnyTensorDict cat(std::initializer_list<AnyTensorDict> tds, std::int64_t 
 
 #if TENSORDICT_DEFINITIONS
 namespace tensordict {
+TENSORDICT_DECL detail::schema_table detail::make_schema_table(
+    entry_table leaves, entry_table non_tensors, std::size_t node_count,
+    c10::function_ref<std::optional<std::vector<std::string_view>>(std::size_t)> node_path, const std::size_t* parents) {
+  schema_table t;
+  for (std::size_t i = 0; i < leaves.count; ++i) t.leaves.push_back(leaves.path(i));
+  for (std::size_t i = 0; i < non_tensors.count; ++i) t.non_tensors.push_back(non_tensors.path(i));
+  for (std::size_t k = 0; k < node_count; ++k) t.node_paths.push_back(node_path(k));
+  t.parents.assign(parents, parents + node_count);
+  return t;
+}
+
+TENSORDICT_DECL std::shared_ptr<detail::storage> AnyTensorDict::typed_storage(typed_parts parts, detail::entry_table leaves,
+                                                                              std::size_t node_count, std::size_t non_tensor_count,
+                                                                              const std::size_t* parents) const {
+  auto st = detail::make_storage(batch_size(), device(), leaves.count, node_count, non_tensor_count, parents);
+  detail::store_checked_leaves(*st, parts.leaves.data(), leaves, "TensorDict");
+  st->batches = std::move(parts.batches);
+  std::move(parts.non_tensors.begin(), parts.non_tensors.end(), st->non_tensors.begin());
+  return st;
+}
+
+TENSORDICT_DECL detail::typed_contents detail::contents_of_storage(const storage& st, std::size_t leaf_base, std::size_t leaf_count,
+                                                                   std::size_t non_tensor_base, std::size_t non_tensor_count,
+                                                                   std::size_t node_base, std::size_t node_count, batch_names names,
+                                                                   bool locked) {
+  typed_contents c{{}, {}, {}, st.batches[node_base], std::move(names), locked};
+  c.leaves.assign(st.leaves.begin() + static_cast<std::ptrdiff_t>(leaf_base),
+                  st.leaves.begin() + static_cast<std::ptrdiff_t>(leaf_base + leaf_count));
+  for (std::size_t i = 0; i < non_tensor_count; ++i) c.non_tensors.push_back(&st.non_tensors[non_tensor_base + i]);
+  for (std::size_t k = 0; k < node_count; ++k) c.node_batches.push_back(st.batches[node_base + k]);
+  return c;
+}
+
 TENSORDICT_DECL void detail::any_node::put_non_tensor(std::string_view name, NonTensor value) {
   if (const std::size_t i = find(name); i != npos) erase_at(i);
   if (const std::size_t i = find_non_tensor(name); i != npos) {

@@ -15,6 +15,8 @@
 
 #include <boost/hana/string.hpp>
 
+#include "detail/config.hpp"
+
 namespace tensordict {
 
 // A string usable as a template argument. `N` is the length without the
@@ -172,7 +174,9 @@ class key_path {
 };
 
 // Python's spelling of a key path: "weight" for one key, ("0", "weight") for more.
-inline std::string format_key_path(const std::string_view* parts, std::size_t size) {
+TENSORDICT_DECL std::string format_key_path(const std::string_view* parts, std::size_t size);
+#if TENSORDICT_DEFINITIONS
+TENSORDICT_DECL std::string format_key_path(const std::string_view* parts, std::size_t size) {
   if (size == 1) return '"' + std::string(parts[0]) + '"';
   std::string out = "(";
   for (std::size_t i = 0; i < size; ++i) {
@@ -183,6 +187,7 @@ inline std::string format_key_path(const std::string_view* parts, std::size_t si
   }
   return out + ")";
 }
+#endif  // TENSORDICT_DEFINITIONS
 
 // A run-time key path, as AnyTensorDict takes them: ("0", "weight") is {"0", "weight"}.
 using any_key_path = std::vector<std::string>;

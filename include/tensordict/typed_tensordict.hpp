@@ -107,7 +107,8 @@ TENSORDICT_DECL at::Tensor checked_leaf(at::Tensor t, const std::optional<at::De
                                         key_path leaf, const std::string& path);
 // A new TensorDict's storage: every node's batch size `batch_size`, no leaf or non-tensor entry set.
 TENSORDICT_DECL std::shared_ptr<storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device,
-                                                      std::size_t node_count, std::size_t non_tensor_count, const std::size_t* node_parents);
+                                                      std::size_t leaf_count, std::size_t node_count, std::size_t non_tensor_count,
+                                                      const std::size_t* node_parents);
 // The node batch sizes of a TensorDict whose nodes had batch sizes `old` (node 0 first) once its own
 // becomes `batch`, its nested levels following `rule`; shape_error (naming node_name(k)) where one
 // would not start with its parent's.
@@ -115,6 +116,42 @@ TENSORDICT_DECL std::vector<std::vector<std::int64_t>> mapped_batches(c10::Array
                                                                       const std::size_t* node_parents, c10::IntArrayRef batch,
                                                                       nested_batch rule, const char* op,
                                                                       c10::function_ref<std::string(std::size_t)> node_name);
+// TensorDict.get of a leaf that is not set.
+[[noreturn]] TENSORDICT_DECL void throw_unset_leaf(key_path leaf);
+// A schema's leaves or non-tensor fields, whatever its depth: entry i's key path and the node it lies in.
+struct entry_table {
+  std::size_t count;
+  c10::function_ref<key_path(std::size_t)> path;
+  c10::function_ref<std::size_t(std::size_t)> parent_node;
+};
+// The key path of node k (parents: every node's parent), read off a leaf below it, else a non-tensor
+// field's; nullopt when no entry is below it (an empty sub-schema).
+TENSORDICT_DECL std::optional<std::vector<std::string_view>> node_path_of(std::size_t k, const std::size_t* parents,
+                                                                          entry_table leaves, entry_table non_tensors);
+// S's leaves and non-tensor fields as entry tables (their functions are static: the tables outlive the call).
+template <class S>
+entry_table leaf_entries() {
+  static constexpr auto path = [](std::size_t i) { return leaf_path<S>(i); };
+  static constexpr auto parent = [](std::size_t i) { return leaf_paths_v<S>[i].parent_node; };
+  return {S::leaf_count, path, parent};
+}
+template <class S>
+entry_table non_tensor_entries() {
+  static constexpr auto path = [](std::size_t i) { return non_tensor_path<S>(i); };
+  static constexpr auto parent = [](std::size_t i) { return non_tensor_paths_v<S>[i].parent_node; };
+  return {S::non_tensor_count, path, parent};
+}
+// The typed constructor's leaves (leaves[i] is leaf i of the table), each checked (checked_leaf) and stored in st.
+TENSORDICT_DECL void store_checked_leaves(storage& st, at::Tensor* leaves, entry_table table, const char* op);
+// stack's checks of `count` TensorDicts of one schema: at least one, `dim` in range (made
+// non-negative), one batch size, leaf by leaf one shape (dtypes promote), each nested level one
+// batch size. node_batch(k, node) and leaf(k, i) read TensorDict k. Returns the stack's batch size.
+TENSORDICT_DECL std::vector<std::int64_t> checked_stack_batch(std::size_t count, std::int64_t& dim, std::size_t leaf_count,
+                                                              std::size_t node_count,
+                                                              c10::function_ref<c10::IntArrayRef(std::size_t, std::size_t)> node_batch,
+                                                              c10::function_ref<const at::Tensor&(std::size_t, std::size_t)> leaf,
+                                                              c10::function_ref<key_path(std::size_t)> leaf_path,
+                                                              c10::function_ref<std::string(std::size_t)> node_name);
 
 }  // namespace detail
 
@@ -135,16 +172,13 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
 
   // Every leaf unset; give them with set<...>().
   explicit TensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt)
-      : st_(make_storage(batch_size, device)) {
-    st_->leaves.resize(leaf_count);
-  }
+      : st_(make_storage(batch_size, device)) {}
 
   // Leaves in schema order (leaf_path<S>(i) names leaf i); undefined ones stay unset.
   TensorDict(std::array<at::Tensor, leaf_count> leaves, c10::IntArrayRef batch_size = {},
              std::optional<at::Device> device = std::nullopt)
       : st_(make_storage(batch_size, device)) {
-    for (std::size_t i = 0; i < leaf_count; ++i) leaves[i] = checked_leaf(std::move(leaves[i]), i, "TensorDict");
-    st_->leaves.assign(std::make_move_iterator(leaves.begin()), std::make_move_iterator(leaves.end()));
+    detail::store_checked_leaves(*st_, leaves.data(), detail::leaf_entries<S>(), "TensorDict");
   }
 
   // ---- structure ----------------------------------------------------------
@@ -599,7 +633,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
       : st_(std::move(st)), leaf_base_(leaf_base), node_base_(node_base), non_tensor_base_(non_tensor_base) {}
 
   static std::shared_ptr<detail::storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device) {
-    return detail::make_storage(batch_size, device, S::node_count, S::non_tensor_count, detail::node_parents_of<S>::value.data());
+    return detail::make_storage(batch_size, device, S::leaf_count, S::node_count, S::non_tensor_count,
+                                detail::node_parents_of<S>::value.data());
   }
 
   at::Tensor& slot(std::size_t i) const { return st_->leaves[leaf_base_ + i]; }
@@ -691,22 +726,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   // The key path of node k of S (0: this level), read off a leaf below it;
   // nullopt when no leaf is below it (an empty sub-schema).
   static std::optional<std::vector<std::string_view>> node_path(std::size_t k) {
-    constexpr auto& parents = detail::node_parents_of<S>::value;
-    std::size_t depth = 0;
-    for (std::size_t p = k; p != 0; p = parents[p]) ++depth;
-    // The first few parts of any entry's path under level k: a leaf's, else a non-tensor field's.
-    std::optional<std::vector<std::string_view>> found;
-    auto search = [&](const auto& entries) {
-      for (const auto& entry : entries)
-        for (std::size_t p = entry.parent_node; !found; p = parents[p]) {
-          if (p == k)
-            found.emplace(entry.parts.begin(), entry.parts.begin() + static_cast<std::ptrdiff_t>(depth));
-          if (p == 0) break;
-        }
-    };
-    search(leaf_paths_v<S>);
-    if (!found) search(non_tensor_paths_v<S>);
-    return found;
+    return detail::node_path_of(k, detail::node_parents_of<S>::value.data(), detail::leaf_entries<S>(), detail::non_tensor_entries<S>());
   }
   static std::string node_name(std::size_t k) { return detail::node_name(node_path(k)); }
 
@@ -746,9 +766,7 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   static std::string path_of(std::size_t leaf) { return to_string(leaf_path<S>(leaf)); }
 
   // Out of line, once per schema rather than once per key path.
-  [[noreturn]] static void throw_unset(std::size_t leaf) {
-    throw key_error("TensorDict.get: the leaf " + path_of(leaf) + " is not set");
-  }
+  [[noreturn]] static void throw_unset(std::size_t leaf) { detail::throw_unset_leaf(leaf_path<S>(leaf)); }
 
   at::Tensor on_device(at::Tensor t) const { return detail::on_device(std::move(t), device()); }
   // A leaf about to be stored at index i: on this TensorDict's device, with its level's batch dims in front.
@@ -874,34 +892,14 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
 // Every input must have the same batch size and, leaf by leaf, the same shape.
 template <schema_type S>
 TensorDict<S> stack(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
-  if (tds.empty()) throw shape_error("tensordict::stack: needs at least one TensorDict");
+  // The checks are schema-free, compiled once in the library; what is left here is the schema's loops.
+  const std::vector<std::int64_t> batch = detail::checked_stack_batch(
+      tds.size(), dim, S::leaf_count, S::node_count, [&](std::size_t k, std::size_t node) { return tds[k].node_batch(node); },
+      [&](std::size_t k, std::size_t i) -> const at::Tensor& { return tds[k].leaf(i); },
+      [](std::size_t i) { return leaf_path<S>(i); }, [](std::size_t node) { return TensorDict<S>::node_name(node); });
   const TensorDict<S>& first = tds[0];
-  const auto nb = static_cast<std::int64_t>(first.batch_dims());
-  if (dim < -(nb + 1) || dim > nb)
-    throw index_error("tensordict::stack: dim " + std::to_string(dim) + " is out of range for batch_size=" +
-                      format_sizes(first.batch_size()));
-  if (dim < 0) dim += nb + 1;
-  for (std::size_t k = 1; k < tds.size(); ++k)
-    if (tds[k].batch_size() != first.batch_size())
-      throw shape_error("tensordict::stack: TensorDict 0 has batch_size=" + format_sizes(first.batch_size()) +
-                        " but TensorDict " + std::to_string(k) + " has batch_size=" + format_sizes(tds[k].batch_size()));
-  for (std::size_t i = 0; i < S::leaf_count; ++i)
-    for (std::size_t k = 1; k < tds.size(); ++k) {
-      const at::Tensor& a = first.leaf(i);
-      const at::Tensor& b = tds[k].leaf(i);
-      if (a.defined() != b.defined() || (a.defined() && a.sizes() != b.sizes()))  // dtypes promote, as torch.stack
-        throw shape_error("tensordict::stack: the leaf " + to_string(leaf_path<S>(i)) + " is " + describe(a) +
-                          " in TensorDict 0 but " + describe(b) + " in TensorDict " + std::to_string(k));
-    }
-  std::vector<std::int64_t> batch(first.batch_size().begin(), first.batch_size().end());
-  batch.insert(batch.begin() + dim, static_cast<std::int64_t>(tds.size()));
   TensorDict<S> out(batch, first.device());
   for (std::size_t node = 1; node < S::node_count; ++node) {  // nested levels with dims of their own keep them
-    for (std::size_t k = 1; k < tds.size(); ++k)
-      if (!tds[k].node_batch(node).equals(first.node_batch(node)))
-        throw shape_error("tensordict::stack: the TensorDict " + first.node_name(node) + " has batch_size=" +
-                          format_sizes(first.node_batch(node)) + " in TensorDict 0 but " + format_sizes(tds[k].node_batch(node)) +
-                          " in TensorDict " + std::to_string(k));
     out.st_->batches[node] = first.node_batch(node).vec();
     out.st_->batches[node].insert(out.st_->batches[node].begin() + dim, static_cast<std::int64_t>(tds.size()));
   }
@@ -1119,6 +1117,71 @@ First stack(const First& first, const Rest&... rest) {
 
 #if TENSORDICT_DEFINITIONS
 namespace tensordict::detail {
+TENSORDICT_DECL void throw_unset_leaf(key_path leaf) {
+  throw key_error("TensorDict.get: the leaf " + to_string(leaf) + " is not set");
+}
+
+TENSORDICT_DECL void store_checked_leaves(storage& st, at::Tensor* leaves, entry_table table, const char* op) {
+  for (std::size_t i = 0; i < table.count; ++i)
+    st.leaves[i] = checked_leaf(std::move(leaves[i]), st.device, st.batches[table.parent_node(i)], op, table.path(i), {});
+}
+
+TENSORDICT_DECL std::optional<std::vector<std::string_view>> node_path_of(std::size_t k, const std::size_t* parents,
+                                                                          entry_table leaves, entry_table non_tensors) {
+  std::size_t depth = 0;
+  for (std::size_t p = k; p != 0; p = parents[p]) ++depth;
+  // The first few parts of any entry's path under level k: a leaf's, else a non-tensor field's.
+  std::optional<std::vector<std::string_view>> found;
+  auto search = [&](const entry_table& entries) {
+    for (std::size_t i = 0; i < entries.count; ++i)
+      for (std::size_t p = entries.parent_node(i); !found; p = parents[p]) {
+        if (p == k) {
+          const key_path path = entries.path(i);
+          found.emplace(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(depth));
+        }
+        if (p == 0) break;
+      }
+  };
+  search(leaves);
+  if (!found) search(non_tensors);
+  return found;
+}
+
+TENSORDICT_DECL std::vector<std::int64_t> checked_stack_batch(std::size_t count, std::int64_t& dim, std::size_t leaf_count,
+                                                              std::size_t node_count,
+                                                              c10::function_ref<c10::IntArrayRef(std::size_t, std::size_t)> node_batch,
+                                                              c10::function_ref<const at::Tensor&(std::size_t, std::size_t)> leaf,
+                                                              c10::function_ref<key_path(std::size_t)> leaf_path,
+                                                              c10::function_ref<std::string(std::size_t)> node_name) {
+  if (count == 0) throw shape_error("tensordict::stack: needs at least one TensorDict");
+  const c10::IntArrayRef first = node_batch(0, 0);
+  const auto nb = static_cast<std::int64_t>(first.size());
+  if (dim < -(nb + 1) || dim > nb)
+    throw index_error("tensordict::stack: dim " + std::to_string(dim) + " is out of range for batch_size=" + format_sizes(first));
+  if (dim < 0) dim += nb + 1;
+  for (std::size_t k = 1; k < count; ++k)
+    if (node_batch(k, 0) != first)
+      throw shape_error("tensordict::stack: TensorDict 0 has batch_size=" + format_sizes(first) + " but TensorDict " +
+                        std::to_string(k) + " has batch_size=" + format_sizes(node_batch(k, 0)));
+  for (std::size_t i = 0; i < leaf_count; ++i)
+    for (std::size_t k = 1; k < count; ++k) {
+      const at::Tensor& a = leaf(0, i);
+      const at::Tensor& b = leaf(k, i);
+      if (a.defined() != b.defined() || (a.defined() && a.sizes() != b.sizes()))  // dtypes promote, as torch.stack
+        throw shape_error("tensordict::stack: the leaf " + to_string(leaf_path(i)) + " is " + describe(a) +
+                          " in TensorDict 0 but " + describe(b) + " in TensorDict " + std::to_string(k));
+    }
+  for (std::size_t node = 1; node < node_count; ++node)  // nested levels with dims of their own keep them
+    for (std::size_t k = 1; k < count; ++k)
+      if (!node_batch(k, node).equals(node_batch(0, node)))
+        throw shape_error("tensordict::stack: the TensorDict " + node_name(node) + " has batch_size=" +
+                          format_sizes(node_batch(0, node)) + " in TensorDict 0 but " + format_sizes(node_batch(k, node)) +
+                          " in TensorDict " + std::to_string(k));
+  std::vector<std::int64_t> batch(first.begin(), first.end());
+  batch.insert(batch.begin() + dim, static_cast<std::int64_t>(count));
+  return batch;
+}
+
 TENSORDICT_DECL at::Tensor checked_leaf(at::Tensor t, const std::optional<at::Device>& device, c10::IntArrayRef batch, const char* op,
                                         key_path leaf, const std::string& path) {
   if (!t.defined()) return t;
@@ -1130,8 +1193,10 @@ TENSORDICT_DECL at::Tensor checked_leaf(at::Tensor t, const std::optional<at::De
 }
 
 TENSORDICT_DECL std::shared_ptr<storage> make_storage(c10::IntArrayRef batch_size, std::optional<at::Device> device,
-                                                      std::size_t node_count, std::size_t non_tensor_count, const std::size_t* node_parents) {
+                                                      std::size_t leaf_count, std::size_t node_count, std::size_t non_tensor_count,
+                                                      const std::size_t* node_parents) {
   auto st = std::make_shared<storage>();
+  st->leaves.resize(leaf_count);
   st->batches.assign(node_count, std::vector<std::int64_t>(batch_size.begin(), batch_size.end()));
   st->device = device;
   st->locked.assign(node_count, 0);

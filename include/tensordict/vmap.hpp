@@ -31,6 +31,7 @@
 
 #define TENSORDICT_COMPAT_FUNCTORCH
 #include "detail/compat.hpp"
+#include "detail/config.hpp"
 #include "typed_tensordict.hpp"
 
 namespace tensordict {
@@ -75,10 +76,16 @@ inline constexpr bool is_tensor_v = std::is_same_v<std::remove_cvref_t<T>, at::T
 template <class T>
 inline constexpr bool is_td_v = is_tensordict<std::remove_cvref_t<T>>::value;
 
+[[noreturn]] TENSORDICT_DECL void throw_in_dim_out_of_range(std::int64_t dim, std::int64_t ndim, std::size_t arg);
+#if TENSORDICT_DEFINITIONS
+TENSORDICT_DECL void throw_in_dim_out_of_range(std::int64_t dim, std::int64_t ndim, std::size_t arg) {
+  throw index_error("vmap: in_dim " + std::to_string(dim) + " of argument " + std::to_string(arg) +
+                    " is out of range for an input with " + std::to_string(ndim) + " (batch) dims");
+}
+#endif  // TENSORDICT_DEFINITIONS
+
 inline std::int64_t normalize_dim(std::int64_t dim, std::int64_t ndim, std::size_t arg) {
-  if (dim < -ndim || dim >= ndim)
-    throw index_error("vmap: in_dim " + std::to_string(dim) + " of argument " + std::to_string(arg) +
-                      " is out of range for an input with " + std::to_string(ndim) + " (batch) dims");
+  if (dim < -ndim || dim >= ndim) throw_in_dim_out_of_range(dim, ndim, arg);
   return dim < 0 ? dim + ndim : dim;
 }
 

@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "config.hpp"
+
 namespace tensordict::detail {
 
 inline const char* dtype_abbreviation(at::ScalarType dtype) {
@@ -32,7 +34,13 @@ inline const char* dtype_abbreviation(at::ScalarType dtype) {
 namespace tensordict {
 
 // "[4,3]", as batch sizes and shapes print in a TensorDict.
-inline std::string format_sizes(c10::IntArrayRef sizes) {
+TENSORDICT_DECL std::string format_sizes(c10::IntArrayRef sizes);
+
+// "f32[4,3]"; "undefined" for an undefined tensor.
+TENSORDICT_DECL std::string describe(const at::Tensor& t);
+
+#if TENSORDICT_DEFINITIONS
+TENSORDICT_DECL std::string format_sizes(c10::IntArrayRef sizes) {
   std::string out = "[";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     if (i) out += ',';
@@ -41,10 +49,10 @@ inline std::string format_sizes(c10::IntArrayRef sizes) {
   return out + "]";
 }
 
-// "f32[4,3]"; "undefined" for an undefined tensor.
-inline std::string describe(const at::Tensor& t) {
+TENSORDICT_DECL std::string describe(const at::Tensor& t) {
   if (!t.defined()) return "undefined";
   return detail::dtype_abbreviation(t.scalar_type()) + format_sizes(t.sizes());
 }
+#endif  // TENSORDICT_DEFINITIONS
 
 }  // namespace tensordict

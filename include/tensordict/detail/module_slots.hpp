@@ -18,9 +18,11 @@
 #include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <c10/util/FunctionRef.h>  // after ATen's headers: 1.13's needs c10::invoke_result_t declared
 
 #include "../any_tensordict.hpp"
 #include "../errors.hpp"
+#include "config.hpp"
 #include "../nn/adapters/adapter.hpp"
 #include "module_access.hpp"
 
@@ -77,24 +79,16 @@ nn::impl_of_t<M>& impl_ref(M&& m) {
     return const_cast<nn::impl_of_t<M>&>(m);
 }
 
-// The full check, naming what the schema does not know.
+// The full check, naming what the schema does not know: its leaves are leaf_path(i), i < leaf_count.
+TENSORDICT_DECL void check_registry_names(const torch::nn::Module& m, std::size_t leaf_count,
+                                          c10::function_ref<key_path(std::size_t)> leaf_path);
+// Whether the tensors registered under the slots' names are all the module has.
+TENSORDICT_DECL bool registry_holds_only(torch::nn::Module& m, c10::ArrayRef<module_slot> slots);
+
 template <class Impl>
 void check_registry_matches_schema(const Impl& m) {
   using S = nn::schema_of<Impl>;
-  std::vector<std::string> known;
-  known.reserve(S::leaf_count);
-  for (std::size_t i = 0; i < S::leaf_count; ++i) known.push_back(leaf_path<S>(i).join("."));
-  std::string unknown;
-  auto check = [&](const torch::OrderedDict<std::string, at::Tensor>& registry, const char* kind) {
-    for (const auto& item : registry)
-      if (std::find(known.begin(), known.end(), item.key()) == known.end())
-        unknown += std::string(unknown.empty() ? "" : ", ") + kind + " \"" + item.key() + "\"";
-  };
-  check(m.named_parameters(true), "parameter");
-  check(m.named_buffers(true), "buffer");
-  if (!unknown.empty())
-    throw key_error("tensordict::from_module: the module registered " + unknown +
-                    " that its schema does not know. Name every tensor and sub-module member in TENSORDICT_MODULE.");
+  check_registry_names(m, S::leaf_count, [](std::size_t i) { return leaf_path<S>(i); });
 }
 
 // Every registered tensor of the module must be a leaf of its schema: a
@@ -104,10 +98,7 @@ void check_registry_matches_schema(const Impl& m) {
 // builds the names, to say which.
 template <class Impl, std::size_t N>
 void check_registry_matches_schema(Impl& m, const std::array<module_slot, N>& slots) {
-  std::size_t known = 0;
-  for (const auto& slot : slots)
-    if (const at::Tensor* entry = registry_entry(slot); entry && entry->defined()) ++known;
-  if (known != registered_tensor_count(m)) check_registry_matches_schema(m);
+  if (!registry_holds_only(m, slots)) check_registry_matches_schema(m);
 }
 
 }  // namespace detail
@@ -166,4 +157,34 @@ inline std::optional<any_key_path> first_missing_tensor(const torch::nn::Module&
 }
 
 }  // namespace detail
+
+#if TENSORDICT_DEFINITIONS
+namespace detail {
+TENSORDICT_DECL void check_registry_names(const torch::nn::Module& m, std::size_t leaf_count,
+                                          c10::function_ref<key_path(std::size_t)> leaf_path) {
+  std::vector<std::string> known;
+  known.reserve(leaf_count);
+  for (std::size_t i = 0; i < leaf_count; ++i) known.push_back(leaf_path(i).join("."));
+  std::string unknown;
+  auto check = [&](const torch::OrderedDict<std::string, at::Tensor>& registry, const char* kind) {
+    for (const auto& item : registry)
+      if (std::find(known.begin(), known.end(), item.key()) == known.end())
+        unknown += std::string(unknown.empty() ? "" : ", ") + kind + " \"" + item.key() + "\"";
+  };
+  check(m.named_parameters(true), "parameter");
+  check(m.named_buffers(true), "buffer");
+  if (!unknown.empty())
+    throw key_error("tensordict::from_module: the module registered " + unknown +
+                    " that its schema does not know. Name every tensor and sub-module member in TENSORDICT_MODULE.");
+}
+
+TENSORDICT_DECL bool registry_holds_only(torch::nn::Module& m, c10::ArrayRef<module_slot> slots) {
+  std::size_t known = 0;
+  for (const auto& slot : slots)
+    if (const at::Tensor* entry = registry_entry(slot); entry && entry->defined()) ++known;
+  return known == registered_tensor_count(m);
+}
+}  // namespace detail
+#endif  // TENSORDICT_DEFINITIONS
+
 }  // namespace tensordict
