@@ -229,16 +229,24 @@ Out with_sets_dim(const Out& out) {
 }
 
 // The lowering of a one-tensor call: lower(p, stacked input, ctx) gives the
-// batched form's result, or std::nullopt when there is none.
+// batched form's result, or std::nullopt when there is none. A `lower` that
+// always has one (it returns stacked) gives the tensor itself, not an optional:
+// run_functional_vmap then compiles no vmap fallback for the call.
 template <class Lower>
 auto one_tensor_lowering(Lower lower) {
   return [lower](const auto& p, const auto& inputs, const auto& mapped, const batch_context& ctx) {
     using Inputs = std::remove_cvref_t<decltype(inputs)>;
     if constexpr (std::tuple_size_v<Inputs> == 1 && is_tensor_v<std::tuple_element_t<0, Inputs>>) {
-      if (std::optional<stacked> out = lower(p, stacked{std::get<0>(inputs), mapped[0]}, ctx))
-        return std::optional<at::Tensor>(expand_sets(*out, ctx.sets));
+      if constexpr (std::is_same_v<decltype(lower(p, std::declval<const stacked&>(), ctx)), stacked>) {
+        return expand_sets(lower(p, stacked{std::get<0>(inputs), mapped[0]}, ctx), ctx.sets);
+      } else {
+        if (std::optional<stacked> out = lower(p, stacked{std::get<0>(inputs), mapped[0]}, ctx))
+          return std::optional<at::Tensor>(expand_sets(*out, ctx.sets));
+        return std::optional<at::Tensor>();
+      }
+    } else {
+      return std::optional<at::Tensor>();
     }
-    return std::optional<at::Tensor>();
   };
 }
 
@@ -383,10 +391,14 @@ std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std
     auto take = [&] { return own[next++]; };
     const Inputs task_inputs = with_nested_tensors(inputs, take);
     auto out = lowered(task_params, task_inputs, is_mapped, batch_context{length, options.randomness});
-    if (!out) throw error("functional_vmap: internal: a task's sets did not lower, the whole call did");
     std::vector<at::Tensor> flat(tensor_count<Out>);
     at::Tensor* to = flat.data();
-    flatten_output(Out(std::move(*out)), to);
+    if constexpr (std::is_same_v<decltype(out), Out>) {
+      flatten_output(std::move(out), to);
+    } else {
+      if (!out) throw error("functional_vmap: internal: a task's sets did not lower, the whole call did");
+      flatten_output(Out(std::move(*out)), to);
+    }
     return flat;
   };
   const std::vector<at::Tensor> joined = ::tensordict::detail::run_set_tasks(sets, per_task, tensors, mapped, task);
@@ -474,12 +486,16 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
         if (in_tasks && options.randomness == tensordict::randomness::error)
           if (auto out = run_in_tasks<Out>(p, chunk_inputs, is_mapped, length, options, lowered)) return std::move(*out);
       auto out = lowered(p, chunk_inputs, is_mapped, batch_context{length, options.randomness});
-      if constexpr (std::is_same_v<decltype(out), std::optional<Out>>)
-        if (out) return std::move(*out);
-      std::vector<in_dim> vmap_dims{0};
-      vmap_dims.insert(vmap_dims.end(), dims.begin(), dims.end());
-      auto mapped = vmap(call_one, vmap_dims, {.randomness = options.randomness});
-      return std::apply([&](const auto&... in) { return mapped(p, in...); }, chunk_inputs);
+      if constexpr (std::is_same_v<decltype(out), Out>) {
+        return out;  // a batched form that always applies: no vmap fallback
+      } else {
+        if constexpr (std::is_same_v<decltype(out), std::optional<Out>>)
+          if (out) return std::move(*out);
+        std::vector<in_dim> vmap_dims{0};
+        vmap_dims.insert(vmap_dims.end(), dims.begin(), dims.end());
+        auto mapped = vmap(call_one, vmap_dims, {.randomness = options.randomness});
+        return std::apply([&](const auto&... in) { return mapped(p, in...); }, chunk_inputs);
+      }
     }
   };
 
@@ -544,12 +560,12 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
     }
   };
   auto one_tensor = detail::one_tensor_lowering([&impl](const TensorDict<schema_of<Impl>>& p, const stacked& x,
-                                                        const batch_context& ctx) -> std::optional<stacked> {
+                                                        const batch_context& ctx) {
     if constexpr (std::is_same_v<decltype(Method), std::nullptr_t> && has_stacked_form<Impl>) {
-      return call_stacked(impl, p, x, ctx);
+      return call_stacked(impl, p, x, ctx);  // always applies
     } else {
-      (void)impl;  // used by the lowered branch only
-      return std::nullopt;
+      (void)impl, (void)p, (void)x, (void)ctx;  // used by the lowered branch only
+      return std::optional<stacked>();
     }
   });
   // A batched form of several inputs (a decoder layer's target and memory).
