@@ -22,7 +22,8 @@ def compile_once(compiler, source, obj):
     with tempfile.TemporaryFile("w+") as log:
         # wait4 gives this child's own peak memory; the log file keeps a long
         # diagnostic from filling a pipe that nobody reads yet.
-        proc = subprocess.Popen(compiler + ["-c", source, "-o", obj], stderr=log)
+        # Meson's compiler command may start with ccache: a cached object would time nothing.
+        proc = subprocess.Popen(compiler + ["-c", source, "-o", obj], stderr=log, env=dict(os.environ, CCACHE_DISABLE="1"))
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.monotonic() - start
         if os.waitstatus_to_exitcode(status) != 0:
