@@ -14,7 +14,10 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
-#include <tensordict/tensordict.hpp>
+#include <tensordict/from_module.hpp>
+#include <tensordict/nn/distribution_params.hpp>
+#include <tensordict/nn/probabilistic.hpp>
+#include <tensordict/nn/tensordict_sequential.hpp>
 #include <tensordict/threads.hpp>
 
 namespace td = tensordict;

@@ -15,9 +15,6 @@
 #include <type_traits>
 #include <utility>
 
-#include <torch/nn/modules/container/any.h>
-#include <torch/nn/modules/container/sequential.h>
-
 #include "any_tensordict.hpp"
 #include "errors.hpp"
 #include "to_module.hpp"
@@ -51,55 +48,17 @@ auto functional_call(Module&& module, const TensorDict<S>& params, Args&&... arg
 }
 
 namespace detail {
-at::Tensor dynamic_call(torch::nn::Module& m, torch::nn::AnyModule* any, const AnyTensorDict& params,
-                        const at::Tensor& input);
-
-// The sub-tree of params for a child, or an empty one.
-inline AnyTensorDict child_params(const AnyTensorDict& params, const std::string& name) {
-  return params.contains(name) ? params.get_tensordict(name) : AnyTensorDict(params.batch_size());
-}
-
-// A Sequential's children in order, each with its sub-tree of params.
-inline at::Tensor sequential_call(torch::nn::SequentialImpl& seq, const AnyTensorDict& params, const at::Tensor& input) {
-  at::Tensor x = input;
-  auto names = seq.named_children();
-  std::size_t i = 0;
-  for (auto& child : seq) x = dynamic_call(*child.ptr(), &child, child_params(params, names[i++].key()), x);
-  return x;
-}
+// One module: its functional form when its type has one, a Sequential child
+// by child, any other module with its tensors swapped in for the call. any:
+// the AnyModule that holds m, whose forward is called; nullptr where m is
+// reached only as a torch::nn::Module.
+TENSORDICT_DECL at::Tensor dynamic_call(torch::nn::Module& m, torch::nn::AnyModule* any, const AnyTensorDict& params,
+                                        const at::Tensor& input);
 
 // params, with the module's own tensors where params leaves them out (as
 // Python's functional_call with a partial dict).
-inline AnyTensorDict with_module_tensors(const torch::nn::Module& m, const AnyTensorDict& params) {
-  AnyTensorDict full;
-  any_key_path path;
-  collect(m, full, path);
-  params.for_each_leaf([&](const any_key_path& p, const at::Tensor& t) { full.set(p, t); });
-  return full;
-}
+TENSORDICT_DECL AnyTensorDict with_module_tensors(const torch::nn::Module& m, const AnyTensorDict& params);
 
-// One module: its functional form when its type has one, a Sequential child
-// by child, any other module with its tensors swapped in for the call.
-inline at::Tensor dynamic_call(torch::nn::Module& m, torch::nn::AnyModule* any, const AnyTensorDict& params,
-                               const at::Tensor& input) {
-  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) return sequential_call(*seq, params, input);
-  auto call_forward = [&] {
-    if (!any)
-      throw module_error("tensordict::functional_call: " + module_type_name(m) +
-                         " is reached only as a torch::nn::Module, whose forward cannot be called; pass its holder "
-                         "or an AnyModule");
-    return any->forward(input);
-  };
-  if (params.empty()) return call_forward();
-  auto kind = nn::detail::module_registry::instance().find(m);
-  if (kind && kind->forward) {
-    (void)resolve_targets(m, params, 0, "tensordict::functional_call");  // the keys, shapes and dtypes
-    return kind->forward(m, with_module_tensors(m, params), input);
-  }
-  std::lock_guard<std::recursive_mutex> serialized(::tensordict::detail::swap_call_lock());
-  dynamic_module_swap swap(m, params, swap_mode::as_given, "tensordict::functional_call");
-  return call_forward();
-}
 }  // namespace detail
 
 // Calls the module's forward with `params` in place of its tensors. A
@@ -144,3 +103,53 @@ auto functional_call(M&& module, const AnyTensorDict& params, Args&&... args) {
 }
 
 }  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+
+namespace tensordict::detail {
+TENSORDICT_DECL AnyTensorDict with_module_tensors(const torch::nn::Module& m, const AnyTensorDict& params) {
+  AnyTensorDict full;
+  any_key_path path;
+  collect(m, full, path);
+  params.for_each_leaf([&](const any_key_path& p, const at::Tensor& t) { full.set(p, t); });
+  return full;
+}
+
+// The sub-tree of params for a child, or an empty one.
+inline AnyTensorDict child_params(const AnyTensorDict& params, const std::string& name) {
+  return params.contains(name) ? params.get_tensordict(name) : AnyTensorDict(params.batch_size());
+}
+
+// A Sequential's children in order, each with its sub-tree of params.
+inline at::Tensor sequential_call(torch::nn::SequentialImpl& seq, const AnyTensorDict& params, const at::Tensor& input) {
+  at::Tensor x = input;
+  auto names = seq.named_children();
+  std::size_t i = 0;
+  for (auto& child : seq) x = dynamic_call(*child.ptr(), &child, child_params(params, names[i++].key()), x);
+  return x;
+}
+
+TENSORDICT_DECL at::Tensor dynamic_call(torch::nn::Module& m, torch::nn::AnyModule* any, const AnyTensorDict& params,
+                                        const at::Tensor& input) {
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) return sequential_call(*seq, params, input);
+  auto call_forward = [&] {
+    if (!any)
+      throw module_error("tensordict::functional_call: " + module_type_name(m) +
+                         " is reached only as a torch::nn::Module, whose forward cannot be called; pass its holder "
+                         "or an AnyModule");
+    return any->forward(input);
+  };
+  if (params.empty()) return call_forward();
+  auto kind = nn::detail::module_registry::instance().find(m);
+  if (kind && kind->forward) {
+    (void)resolve_targets(m, params, 0, "tensordict::functional_call");  // the keys, shapes and dtypes
+    return kind->forward(m, with_module_tensors(m, params), input);
+  }
+  std::lock_guard<std::recursive_mutex> serialized(::tensordict::detail::swap_call_lock());
+  dynamic_module_swap swap(m, params, swap_mode::as_given, "tensordict::functional_call");
+  return call_forward();
+}
+}  // namespace tensordict::detail
+#endif  // TENSORDICT_DEFINITIONS

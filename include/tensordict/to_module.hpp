@@ -24,6 +24,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "any_tensordict.hpp"
+#include "detail/config.hpp"
 #include "detail/format.hpp"
 #include "detail/module_access.hpp"
 #include "detail/module_slots.hpp"
@@ -181,6 +182,77 @@ struct dynamic_target {
   at::Tensor* registry = nullptr;  // named_parameters() / named_buffers()
 };
 
+// Every leaf of params matched with a module's registered tensor of the same
+// shape and dtype (after `batch_dims` leading dims), in a module type whose
+// members are known (unless members_needed is false: a copy into the
+// registered tensor, which is the one the forward reads, needs no member; so
+// the tensors of a TensorDictParams' children, plain modules, can take one).
+// Throws before anything changes.
+TENSORDICT_DECL std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, const AnyTensorDict& params,
+                                                            std::size_t batch_dims, const char* op, bool members_needed = true);
+
+}  // namespace detail
+
+// While it lives, the module computes with the AnyTensorDict's tensors; its
+// destructor puts the originals back (members and registry), also during
+// stack unwinding. release() keeps the new tensors and returns the originals.
+class [[nodiscard]] dynamic_module_swap {
+ public:
+  dynamic_module_swap(torch::nn::Module& module, const AnyTensorDict& params, swap_mode mode = swap_mode::keep_module_flags,
+                      const char* op = "tensordict::to_module");
+  dynamic_module_swap(dynamic_module_swap&& other) noexcept
+      : saved_(std::move(other.saved_)), active_(std::exchange(other.active_, false)) {}
+  dynamic_module_swap& operator=(dynamic_module_swap&&) = delete;
+  ~dynamic_module_swap() { restore(); }
+
+  void restore() noexcept {
+    if (!active_) return;
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      *it->member = std::move(it->old_member);
+      *it->registry = std::move(it->old_registry);
+      it->flag.undo();
+    }
+    active_ = false;
+  }
+
+  TENSORDICT_DECL AnyTensorDict release();
+
+ private:
+  struct saved {
+    any_key_path path;
+    at::Tensor* member;
+    at::Tensor* registry;
+    at::Tensor old_member;
+    at::Tensor old_registry;
+    detail::flag_change flag;
+  };
+  std::vector<saved> saved_;
+  bool active_ = false;
+};
+
+// Swaps the AnyTensorDict's tensors into any module until the guard dies.
+// params may hold a subset of the module's tensors, nested or flat ("0.weight").
+template <class M>
+  requires std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>> || nn::dynamic_module<M>
+dynamic_module_swap to_module(const AnyTensorDict& params, M&& module, swap_mode mode = swap_mode::keep_module_flags) {
+  return dynamic_module_swap(detail::dynamic_ref(module), params, mode);
+}
+
+// Copies the values into the module's own tensors (no swap, no gradient tracking).
+template <class M>
+  requires std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>> || nn::dynamic_module<M>
+void to_module_(const AnyTensorDict& params, M&& module) {
+  auto targets = detail::resolve_targets(detail::dynamic_ref(module), detail::unflatten_if_flat(params), 0,
+                                         "tensordict::to_module_", /*members_needed=*/false);
+  at::NoGradGuard no_grad;
+  for (auto& t : targets) t.member->copy_(t.value);
+}
+
+}  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict {
+namespace detail {
 // Whether a module on the way from root to `owner` is a TensorDictParams
 // (by type name: this header does not know nn/params.hpp).
 inline bool held_by_tensordict_params(torch::nn::Module& root, const any_key_path& owner) {
@@ -191,14 +263,8 @@ inline bool held_by_tensordict_params(torch::nn::Module& root, const any_key_pat
   }
 }
 
-// Every leaf of params matched with a module's registered tensor of the same
-// shape and dtype (after `batch_dims` leading dims), in a module type whose
-// members are known (unless members_needed is false: a copy into the
-// registered tensor, which is the one the forward reads, needs no member; so
-// the tensors of a TensorDictParams' children, plain modules, can take one).
-// Throws before anything changes.
-inline std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, const AnyTensorDict& params,
-                                                   std::size_t batch_dims, const char* op, bool members_needed = true) {
+TENSORDICT_DECL std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, const AnyTensorDict& params,
+                                                            std::size_t batch_dims, const char* op, bool members_needed) {
   std::vector<dynamic_target> out;
   // The last leaf's module and kind: a module's leaves come one after another.
   torch::nn::Module* last_module = nullptr;
@@ -268,13 +334,8 @@ inline std::vector<dynamic_target> resolve_targets(torch::nn::Module& root, cons
 
 }  // namespace detail
 
-// While it lives, the module computes with the AnyTensorDict's tensors; its
-// destructor puts the originals back (members and registry), also during
-// stack unwinding. release() keeps the new tensors and returns the originals.
-class [[nodiscard]] dynamic_module_swap {
- public:
-  dynamic_module_swap(torch::nn::Module& module, const AnyTensorDict& params, swap_mode mode = swap_mode::keep_module_flags,
-                      const char* op = "tensordict::to_module") {
+TENSORDICT_DECL dynamic_module_swap::dynamic_module_swap(torch::nn::Module& module, const AnyTensorDict& params, swap_mode mode,
+                                                     const char* op) {
     auto targets = detail::resolve_targets(module, detail::unflatten_if_flat(params), 0, op);
     saved_.reserve(targets.size());
     for (auto& t : targets) {
@@ -286,57 +347,12 @@ class [[nodiscard]] dynamic_module_swap {
     }
     active_ = true;
   }
-  dynamic_module_swap(dynamic_module_swap&& other) noexcept
-      : saved_(std::move(other.saved_)), active_(std::exchange(other.active_, false)) {}
-  dynamic_module_swap& operator=(dynamic_module_swap&&) = delete;
-  ~dynamic_module_swap() { restore(); }
 
-  void restore() noexcept {
-    if (!active_) return;
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      *it->member = std::move(it->old_member);
-      *it->registry = std::move(it->old_registry);
-      it->flag.undo();
-    }
-    active_ = false;
-  }
-
-  AnyTensorDict release() {
-    AnyTensorDict old;
-    for (const auto& s : saved_) old.set(s.path, s.old_member);
-    active_ = false;
-    return old;
-  }
-
- private:
-  struct saved {
-    any_key_path path;
-    at::Tensor* member;
-    at::Tensor* registry;
-    at::Tensor old_member;
-    at::Tensor old_registry;
-    detail::flag_change flag;
-  };
-  std::vector<saved> saved_;
-  bool active_ = false;
-};
-
-// Swaps the AnyTensorDict's tensors into any module until the guard dies.
-// params may hold a subset of the module's tensors, nested or flat ("0.weight").
-template <class M>
-  requires std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>> || nn::dynamic_module<M>
-dynamic_module_swap to_module(const AnyTensorDict& params, M&& module, swap_mode mode = swap_mode::keep_module_flags) {
-  return dynamic_module_swap(detail::dynamic_ref(module), params, mode);
+TENSORDICT_DECL AnyTensorDict dynamic_module_swap::release() {
+  AnyTensorDict old;
+  for (const auto& s : saved_) old.set(s.path, s.old_member);
+  active_ = false;
+  return old;
 }
-
-// Copies the values into the module's own tensors (no swap, no gradient tracking).
-template <class M>
-  requires std::is_base_of_v<torch::nn::Module, nn::impl_of_t<M>> || nn::dynamic_module<M>
-void to_module_(const AnyTensorDict& params, M&& module) {
-  auto targets = detail::resolve_targets(detail::dynamic_ref(module), detail::unflatten_if_flat(params), 0,
-                                         "tensordict::to_module_", /*members_needed=*/false);
-  at::NoGradGuard no_grad;
-  for (auto& t : targets) t.member->copy_(t.value);
-}
-
 }  // namespace tensordict
+#endif  // TENSORDICT_DEFINITIONS

@@ -14,10 +14,6 @@
 
 #include <c10/util/Type.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/any.h>
-#include <torch/nn/modules/container/moduledict.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/container/sequential.h>
 #include <c10/util/FunctionRef.h>  // after ATen's headers: 1.13's needs c10::invoke_result_t declared
 
 #include "../any_tensordict.hpp"
@@ -127,34 +123,11 @@ inline std::string where(const any_key_path& path) { return path.empty() ? "the 
 
 // The module's registered tensors (with_buffers: parameters and buffers, else
 // parameters only) and its children's, by path, into out.
-inline void collect(const torch::nn::Module& m, AnyTensorDict& out, any_key_path& path, bool with_buffers = true) {
-  auto add = [&](const torch::OrderedDict<std::string, at::Tensor>& tensors) {
-    for (const auto& item : tensors) {
-      if (!item.value().defined()) continue;  // a Linear built with bias(false)
-      path.push_back(item.key());
-      out.set(path, item.value());
-      path.pop_back();
-    }
-  };
-  add(m.named_parameters(false));
-  if (with_buffers) add(m.named_buffers(false));
-  for (const auto& child : m.named_children()) {
-    path.push_back(child.key());
-    collect(*child.value(), out, path, with_buffers);
-    path.pop_back();
-  }
-}
+TENSORDICT_DECL void collect(const torch::nn::Module& m, AnyTensorDict& out, any_key_path& path, bool with_buffers = true);
 
 // The first of the module's tensors that params lacks (std::nullopt: params
 // holds them all).
-inline std::optional<any_key_path> first_missing_tensor(const torch::nn::Module& m, const AnyTensorDict& params) {
-  AnyTensorDict own;
-  any_key_path path;
-  collect(m, own, path);
-  for (const auto& key : own.keys(true, true))
-    if (!params.contains(key)) return key;
-  return std::nullopt;
-}
+TENSORDICT_DECL std::optional<any_key_path> first_missing_tensor(const torch::nn::Module& m, const AnyTensorDict& params);
 
 }  // namespace detail
 
@@ -183,6 +156,33 @@ TENSORDICT_DECL bool registry_holds_only(torch::nn::Module& m, c10::ArrayRef<mod
   for (const auto& slot : slots)
     if (const at::Tensor* entry = registry_entry(slot); entry && entry->defined()) ++known;
   return known == registered_tensor_count(m);
+}
+
+TENSORDICT_DECL void collect(const torch::nn::Module& m, AnyTensorDict& out, any_key_path& path, bool with_buffers) {
+  auto add = [&](const torch::OrderedDict<std::string, at::Tensor>& tensors) {
+    for (const auto& item : tensors) {
+      if (!item.value().defined()) continue;  // a Linear built with bias(false)
+      path.push_back(item.key());
+      out.set(path, item.value());
+      path.pop_back();
+    }
+  };
+  add(m.named_parameters(false));
+  if (with_buffers) add(m.named_buffers(false));
+  for (const auto& child : m.named_children()) {
+    path.push_back(child.key());
+    collect(*child.value(), out, path, with_buffers);
+    path.pop_back();
+  }
+}
+
+TENSORDICT_DECL std::optional<any_key_path> first_missing_tensor(const torch::nn::Module& m, const AnyTensorDict& params) {
+  AnyTensorDict own;
+  any_key_path path;
+  collect(m, own, path);
+  for (const auto& key : own.keys(true, true))
+    if (!params.contains(key)) return key;
+  return std::nullopt;
 }
 }  // namespace detail
 #endif  // TENSORDICT_DEFINITIONS

@@ -605,45 +605,11 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
 namespace nn {
 namespace detail {
 // Whether every module of a run-time model lowers with these params.
-inline bool dynamic_lowers(torch::nn::Module& m, const AnyTensorDict& params) {
-  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
-    // All children lowered, or none: vmap then runs the whole chain once.
-    auto names = seq->named_children();
-    std::size_t i = 0;
-    for (auto& child : *seq)
-      if (!dynamic_lowers(*child.ptr(), ::tensordict::detail::child_params(params, names[i++].key()))) return false;
-    return true;
-  }
-  auto kind = module_registry::instance().find(m);
-  return kind && kind->batched && kind->lowers(m, params);
-}
+TENSORDICT_DECL bool dynamic_lowers(torch::nn::Module& m, const AnyTensorDict& params);
 
 // The batched form of a whole run-time model, where dynamic_lowers says it has one.
-inline stacked dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params, const stacked& x,
-                               const batch_context& ctx) {
-  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
-    auto names = seq->named_children();
-    std::size_t i = 0;
-    stacked value = x;
-    // Linears and the ReLUs after them run as one detail::linear_run, as in a typed Sequential.
-    std::optional<linear_run> run;
-    for (auto& child : *seq) {
-      const AnyTensorDict child_params = ::tensordict::detail::child_params(params, names[i++].key());
-      torch::nn::Module& module = *child.ptr();
-      if (dynamic_cast<torch::nn::LinearImpl*>(&module)) {
-        if (!run) run.emplace(value, ctx.sets);
-        if (run->add(child_params.get("weight"), child_params.contains("bias") ? child_params.get("bias") : at::Tensor())) continue;
-      } else if (run && dynamic_cast<torch::nn::ReLUImpl*>(&module) && run->add_relu()) {
-        continue;
-      }
-      if (run && !run->empty()) value = run->run();
-      run.reset();
-      value = dynamic_lowered(module, child_params, value, ctx);
-    }
-    return run && !run->empty() ? run->run() : value;
-  }
-  return module_registry::instance().find(m)->batched(m, params, x, ctx);
-}
+TENSORDICT_DECL stacked dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params, const stacked& x,
+                                        const batch_context& ctx);
 
 }  // namespace detail
 
@@ -697,26 +663,8 @@ lowering typed_lowering(Impl& m, const std::string& path, bool chained = false) 
   }
 }
 
-inline lowering dynamic_lowering(torch::nn::Module& m, const AnyTensorDict& params, const std::string& path) {
-  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
-    auto names = seq->named_children();
-    std::size_t i = 0;
-    for (auto& child : *seq) {
-      const std::string& name = names[i++].key();
-      if (lowering out = dynamic_lowering(*child.ptr(), ::tensordict::detail::child_params(params, name), joined_path(path, name));
-          !out)
-        return out;
-    }
-    return {};
-  }
-  const std::string type = c10::demangle(typeid(m).name());
-  auto kind = module_registry::instance().find(m);
-  if (!kind) return {false, path, type + " is not in the module registry (nn::module_registry::add, README: \"Adding a module type\")"};
-  if (!kind->batched) return {false, path, type + " has no batched form (functional_vmap runs it through vmap)"};
-  if (!kind->lowers(m, params))
-    return {false, path, type + "'s batched form does not support its options (functional_vmap runs it through vmap)"};
-  return {};
-}
+// The first child of a run-time model that does not lower, and why.
+TENSORDICT_DECL lowering dynamic_lowering(torch::nn::Module& m, const AnyTensorDict& params, const std::string& path);
 }  // namespace detail
 
 template <class M>
@@ -816,3 +764,70 @@ auto functional_vmap(M&& module, const AnyTensorDict& params, Args args = {}, Kw
 
 }  // namespace nn
 }  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+#include <torch/nn/modules/container/sequential.h>
+
+namespace tensordict::nn::detail {
+TENSORDICT_DECL bool dynamic_lowers(torch::nn::Module& m, const AnyTensorDict& params) {
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
+    // All children lowered, or none: vmap then runs the whole chain once.
+    auto names = seq->named_children();
+    std::size_t i = 0;
+    for (auto& child : *seq)
+      if (!dynamic_lowers(*child.ptr(), ::tensordict::detail::child_params(params, names[i++].key()))) return false;
+    return true;
+  }
+  auto kind = module_registry::instance().find(m);
+  return kind && kind->batched && kind->lowers(m, params);
+}
+
+TENSORDICT_DECL stacked dynamic_lowered(torch::nn::Module& m, const AnyTensorDict& params, const stacked& x,
+                                        const batch_context& ctx) {
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
+    auto names = seq->named_children();
+    std::size_t i = 0;
+    stacked value = x;
+    // Linears and the ReLUs after them run as one detail::linear_run, as in a typed Sequential.
+    std::optional<linear_run> run;
+    for (auto& child : *seq) {
+      const AnyTensorDict child_params = ::tensordict::detail::child_params(params, names[i++].key());
+      torch::nn::Module& module = *child.ptr();
+      if (dynamic_cast<torch::nn::LinearImpl*>(&module)) {
+        if (!run) run.emplace(value, ctx.sets);
+        if (run->add(child_params.get("weight"), child_params.contains("bias") ? child_params.get("bias") : at::Tensor())) continue;
+      } else if (run && dynamic_cast<torch::nn::ReLUImpl*>(&module) && run->add_relu()) {
+        continue;
+      }
+      if (run && !run->empty()) value = run->run();
+      run.reset();
+      value = dynamic_lowered(module, child_params, value, ctx);
+    }
+    return run && !run->empty() ? run->run() : value;
+  }
+  return module_registry::instance().find(m)->batched(m, params, x, ctx);
+}
+
+
+TENSORDICT_DECL lowering dynamic_lowering(torch::nn::Module& m, const AnyTensorDict& params, const std::string& path) {
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
+    auto names = seq->named_children();
+    std::size_t i = 0;
+    for (auto& child : *seq) {
+      const std::string& name = names[i++].key();
+      if (lowering out = dynamic_lowering(*child.ptr(), ::tensordict::detail::child_params(params, name), joined_path(path, name));
+          !out)
+        return out;
+    }
+    return {};
+  }
+  const std::string type = c10::demangle(typeid(m).name());
+  auto kind = module_registry::instance().find(m);
+  if (!kind) return {false, path, type + " is not in the module registry (nn::module_registry::add, README: \"Adding a module type\")"};
+  if (!kind->batched) return {false, path, type + " has no batched form (functional_vmap runs it through vmap)"};
+  if (!kind->lowers(m, params))
+    return {false, path, type + "'s batched form does not support its options (functional_vmap runs it through vmap)"};
+  return {};
+}
+}  // namespace tensordict::nn::detail
+#endif  // TENSORDICT_DEFINITIONS
