@@ -173,9 +173,9 @@ struct typed_contents {
   bool locked = false;
 };
 
-// The table of a schema of leaf_count leaves (and so on), as AnyTensorDict::table_of<S> builds it once per schema.
+// The table of a schema's leaves, non-tensor fields and node_count nodes (parents: every node's
+// parent), as AnyTensorDict::table_of<S> builds it once per schema.
 TENSORDICT_DECL schema_table make_schema_table(entry_table leaves, entry_table non_tensors, std::size_t node_count,
-                                               c10::function_ref<std::optional<std::vector<std::string_view>>(std::size_t)> node_path,
                                                const std::size_t* parents);
 // A typed TensorDict's contents: the entries [leaf_base, + leaf_count) of its storage, and so on.
 TENSORDICT_DECL typed_contents contents_of_storage(const storage& st, std::size_t leaf_base, std::size_t leaf_count,
@@ -733,7 +733,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
   static const detail::schema_table& table_of() {
     static const detail::schema_table table =
         detail::make_schema_table(detail::leaf_entries<S>(), detail::non_tensor_entries<S>(), S::node_count,
-                                  [](std::size_t k) { return TensorDict<S>::node_path(k); }, detail::node_parents_of<S>::value.data());
+                                  detail::node_parents_of<S>::value.data());
     return table;
   }
   template <schema_type S>
@@ -864,12 +864,11 @@ inline AnyTensorDict cat(std::initializer_list<AnyTensorDict> tds, std::int64_t 
 #if TENSORDICT_DEFINITIONS
 namespace tensordict {
 TENSORDICT_DECL detail::schema_table detail::make_schema_table(
-    entry_table leaves, entry_table non_tensors, std::size_t node_count,
-    c10::function_ref<std::optional<std::vector<std::string_view>>(std::size_t)> node_path, const std::size_t* parents) {
+    entry_table leaves, entry_table non_tensors, std::size_t node_count, const std::size_t* parents) {
   schema_table t;
   for (std::size_t i = 0; i < leaves.count; ++i) t.leaves.push_back(leaves.path(i));
   for (std::size_t i = 0; i < non_tensors.count; ++i) t.non_tensors.push_back(non_tensors.path(i));
-  for (std::size_t k = 0; k < node_count; ++k) t.node_paths.push_back(node_path(k));
+  for (std::size_t k = 0; k < node_count; ++k) t.node_paths.push_back(node_path_of(k, parents, leaves, non_tensors));
   t.parents.assign(parents, parents + node_count);
   return t;
 }

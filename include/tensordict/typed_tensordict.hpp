@@ -143,14 +143,14 @@ entry_table non_tensor_entries() {
 }
 // The typed constructor's leaves (leaves[i] is leaf i of the table), each checked (checked_leaf) and stored in st.
 TENSORDICT_DECL void store_checked_leaves(storage& st, at::Tensor* leaves, entry_table table, const char* op);
-// stack's checks of `count` TensorDicts of one schema: at least one, `dim` in range (made
-// non-negative), one batch size, leaf by leaf one shape (dtypes promote), each nested level one
-// batch size. node_batch(k, node) and leaf(k, i) read TensorDict k. Returns the stack's batch size.
-TENSORDICT_DECL std::vector<std::int64_t> checked_stack_batch(std::size_t count, std::int64_t& dim, std::size_t leaf_count,
+// stack's checks of `count` TensorDicts of one schema (its leaves and node_count nodes): at least
+// one, `dim` in range (made non-negative), one batch size, leaf by leaf one shape (dtypes promote),
+// each nested level one batch size. node_batch(k, node) and leaf(k, i) read TensorDict k. Returns
+// the stack's batch size.
+TENSORDICT_DECL std::vector<std::int64_t> checked_stack_batch(std::size_t count, std::int64_t& dim, entry_table leaves,
                                                               std::size_t node_count,
                                                               c10::function_ref<c10::IntArrayRef(std::size_t, std::size_t)> node_batch,
                                                               c10::function_ref<const at::Tensor&(std::size_t, std::size_t)> leaf,
-                                                              c10::function_ref<key_path(std::size_t)> leaf_path,
                                                               c10::function_ref<std::string(std::size_t)> node_name);
 
 }  // namespace detail
@@ -894,9 +894,10 @@ template <schema_type S>
 TensorDict<S> stack(c10::ArrayRef<TensorDict<S>> tds, std::int64_t dim = 0) {
   // The checks are schema-free, compiled once in the library; what is left here is the schema's loops.
   const std::vector<std::int64_t> batch = detail::checked_stack_batch(
-      tds.size(), dim, S::leaf_count, S::node_count, [&](std::size_t k, std::size_t node) { return tds[k].node_batch(node); },
+      tds.size(), dim, detail::leaf_entries<S>(), S::node_count,
+      [&](std::size_t k, std::size_t node) { return tds[k].node_batch(node); },
       [&](std::size_t k, std::size_t i) -> const at::Tensor& { return tds[k].leaf(i); },
-      [](std::size_t i) { return leaf_path<S>(i); }, [](std::size_t node) { return TensorDict<S>::node_name(node); });
+      [](std::size_t node) { return TensorDict<S>::node_name(node); });
   const TensorDict<S>& first = tds[0];
   TensorDict<S> out(batch, first.device());
   for (std::size_t node = 1; node < S::node_count; ++node) {  // nested levels with dims of their own keep them
@@ -1147,11 +1148,10 @@ TENSORDICT_DECL std::optional<std::vector<std::string_view>> node_path_of(std::s
   return found;
 }
 
-TENSORDICT_DECL std::vector<std::int64_t> checked_stack_batch(std::size_t count, std::int64_t& dim, std::size_t leaf_count,
+TENSORDICT_DECL std::vector<std::int64_t> checked_stack_batch(std::size_t count, std::int64_t& dim, entry_table leaves,
                                                               std::size_t node_count,
                                                               c10::function_ref<c10::IntArrayRef(std::size_t, std::size_t)> node_batch,
                                                               c10::function_ref<const at::Tensor&(std::size_t, std::size_t)> leaf,
-                                                              c10::function_ref<key_path(std::size_t)> leaf_path,
                                                               c10::function_ref<std::string(std::size_t)> node_name) {
   if (count == 0) throw shape_error("tensordict::stack: needs at least one TensorDict");
   const c10::IntArrayRef first = node_batch(0, 0);
@@ -1163,12 +1163,12 @@ TENSORDICT_DECL std::vector<std::int64_t> checked_stack_batch(std::size_t count,
     if (node_batch(k, 0) != first)
       throw shape_error("tensordict::stack: TensorDict 0 has batch_size=" + format_sizes(first) + " but TensorDict " +
                         std::to_string(k) + " has batch_size=" + format_sizes(node_batch(k, 0)));
-  for (std::size_t i = 0; i < leaf_count; ++i)
+  for (std::size_t i = 0; i < leaves.count; ++i)
     for (std::size_t k = 1; k < count; ++k) {
       const at::Tensor& a = leaf(0, i);
       const at::Tensor& b = leaf(k, i);
       if (a.defined() != b.defined() || (a.defined() && a.sizes() != b.sizes()))  // dtypes promote, as torch.stack
-        throw shape_error("tensordict::stack: the leaf " + to_string(leaf_path(i)) + " is " + describe(a) +
+        throw shape_error("tensordict::stack: the leaf " + to_string(leaves.path(i)) + " is " + describe(a) +
                           " in TensorDict 0 but " + describe(b) + " in TensorDict " + std::to_string(k));
     }
   for (std::size_t node = 1; node < node_count; ++node)  // nested levels with dims of their own keep them

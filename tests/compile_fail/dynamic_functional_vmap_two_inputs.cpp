@@ -1,5 +1,6 @@
 // functional_vmap on a torch::nn::Sequential with two inputs: its forward takes one tensor.
 // expect: functional_vmap on a run-time model passes one input tensor
+#include <torch/nn/modules/container/sequential.h>
 #include <tensordict/nn/functional_vmap.hpp>
 
 at::Tensor run(torch::nn::Sequential& net, const tensordict::AnyTensorDict& stacked, const at::Tensor& x) {

@@ -75,16 +75,15 @@ nn::impl_of_t<M>& impl_ref(M&& m) {
     return const_cast<nn::impl_of_t<M>&>(m);
 }
 
-// The full check, naming what the schema does not know: its leaves are leaf_path(i), i < leaf_count.
-TENSORDICT_DECL void check_registry_names(const torch::nn::Module& m, std::size_t leaf_count,
-                                          c10::function_ref<key_path(std::size_t)> leaf_path);
+// The full check, naming what the schema (its leaves) does not know.
+TENSORDICT_DECL void check_registry_names(const torch::nn::Module& m, entry_table leaves);
 // Whether the tensors registered under the slots' names are all the module has.
 TENSORDICT_DECL bool registry_holds_only(torch::nn::Module& m, c10::ArrayRef<module_slot> slots);
 
 template <class Impl>
 void check_registry_matches_schema(const Impl& m) {
   using S = nn::schema_of<Impl>;
-  check_registry_names(m, S::leaf_count, [](std::size_t i) { return leaf_path<S>(i); });
+  check_registry_names(m, leaf_entries<S>());
 }
 
 // Every registered tensor of the module must be a leaf of its schema: a
@@ -133,11 +132,10 @@ TENSORDICT_DECL std::optional<any_key_path> first_missing_tensor(const torch::nn
 
 #if TENSORDICT_DEFINITIONS
 namespace detail {
-TENSORDICT_DECL void check_registry_names(const torch::nn::Module& m, std::size_t leaf_count,
-                                          c10::function_ref<key_path(std::size_t)> leaf_path) {
+TENSORDICT_DECL void check_registry_names(const torch::nn::Module& m, entry_table leaves) {
   std::vector<std::string> known;
-  known.reserve(leaf_count);
-  for (std::size_t i = 0; i < leaf_count; ++i) known.push_back(leaf_path(i).join("."));
+  known.reserve(leaves.count);
+  for (std::size_t i = 0; i < leaves.count; ++i) known.push_back(leaves.path(i).join("."));
   std::string unknown;
   auto check = [&](const torch::OrderedDict<std::string, at::Tensor>& registry, const char* kind) {
     for (const auto& item : registry)
