@@ -45,6 +45,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/Type.h>
+#include <c10/util/accumulate.h>
 #include <torch/nn/modules/activation.h>
 
 #include "../any_tensordict.hpp"
@@ -312,36 +313,43 @@ T with_nested_tensors(const T& x, Next& next) {
     return x;
 }
 
+// Throws where the call cannot be made: in_dims mapping inputs of params
+// without a batch dim, or loop=true with randomness "same".
+TENSORDICT_DECL void check_mapping(c10::IntArrayRef batch, bool any_mapped, const functional_vmap_options& options);
+
+// Sets per chunk: options.chunk_size (checked), else all of them.
+TENSORDICT_DECL std::int64_t chunk_of(std::int64_t sets, const functional_vmap_options& options);
+
+// Whether a lowered call's sets may run in parallel tasks at all: false with
+// one thread and no sets_per_task, or inside a functorch transform (its
+// batched tensors and levels are the calling thread's). Throws for a
+// sets_per_task that is not positive.
+TENSORDICT_DECL bool tasks_allowed(const functional_vmap_options& options);
+
+// Sets per task for a lowered call over `tensors` (its params' leaves, the
+// first n_params, then its inputs' tensors; `mapped` marks those whose dim 0
+// indexes the sets), or std::nullopt where one task takes them all: too few
+// sets, or a convolution.
+TENSORDICT_DECL std::optional<std::int64_t> task_sets(const std::vector<at::Tensor>& tensors, const std::vector<bool>& mapped,
+                                                      std::size_t n_params, std::int64_t sets,
+                                                      const functional_vmap_options& options);
+
+// An input that in_dims maps at dim d, with the dims there that index
+// params' batch (checked against it) flattened into one sets dim in front.
+TENSORDICT_DECL at::Tensor flatten_mapped_input(const at::Tensor& in, std::int64_t d, c10::IntArrayRef batch, std::int64_t sets);
+
 // A lowered call's sets in parallel tasks (detail/kernels/parallel_sets.hpp), or
-// std::nullopt where they run as one: one thread and no sets_per_task, too
-// few sets, a convolution, an input whose tensors cannot be seen, or inside
-// a functorch transform (its batched tensors and levels are the calling
-// thread's). Params and every tensor of the inputs become the tasks'
-// tensors; each task rebuilds them and calls lowered on its sets.
+// std::nullopt where they run as one (tasks_allowed, task_sets, or an input
+// whose tensors cannot be seen). Params and every tensor of the inputs become
+// the tasks' tensors; each task rebuilds them and calls lowered on its sets.
 // Randomness "error" only: tasks drawing in parallel would not follow the seed.
 template <class Out, class Params, class Inputs, std::size_t N, class Lowered>
 std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std::array<bool, N>& is_mapped,
-                                       std::int64_t sets, const functional_vmap_options& options, Lowered& lowered) {
-  const std::int64_t threads = at::get_num_threads();
-  if (options.sets_per_task && *options.sets_per_task <= 0)
-    throw value_error("functional_vmap: sets_per_task must be positive, got " + std::to_string(*options.sets_per_task));
-#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
-  // at::parallel_for would run every task on this thread (see parallel_sets.hpp): split only where asked.
-  if (!options.sets_per_task) return std::nullopt;
-#endif
-  if (!options.sets_per_task && (threads < 2 || at::in_parallel_region())) return std::nullopt;
-  if (::tensordict::detail::functorch::inside_transform()) return std::nullopt;
-  if (!tensors_visible<std::remove_cvref_t<Inputs>>()) return std::nullopt;
-
+                                std::int64_t sets, const functional_vmap_options& options, Lowered& lowered) {
+  if (!tasks_allowed(options) || !tensors_visible<std::remove_cvref_t<Inputs>>()) return std::nullopt;
   std::vector<at::Tensor> tensors = p.values();  // in the order p.apply visits them
   const std::size_t n_params = tensors.size();
   std::vector<bool> mapped(n_params, true);
-  // A convolution's kernel (sets, out, in, k...) keeps the call in one task: with
-  // two tasks at once, libtorch 2.6's oneDNN convolution gave wrong gradients
-  // (measured: 0.46 off in a Conv1d's; 1.13 agreed), as oneDNN's scratchpad is
-  // shared between threads unless it was built for concurrent use.
-  for (std::size_t k = 0; k < n_params; ++k)
-    if (tensors[k].dim() >= 4) return std::nullopt;
   std::apply(
       [&](const auto&... in) {
         std::size_t k = 0;
@@ -358,31 +366,8 @@ std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std
             ...);
       },
       inputs);
-
-  std::int64_t per_task = sets;
-  if (options.sets_per_task) {
-    per_task = std::min(sets, *options.sets_per_task);
-  } else {
-    // Working set of one set: its parameters, and its rows at the widest layer
-    // in, out and saved; its work: every parameter meets every row once.
-    std::int64_t bytes = 0, widest = 1, rows = 0, numel = 0;
-    for (std::size_t k = 0; k < tensors.size(); ++k) {
-      const at::Tensor& t = tensors[k];
-      if (!t.defined()) continue;
-      const std::int64_t per_set = mapped[k] ? t.numel() / std::max<std::int64_t>(1, t.size(0)) : t.numel();
-      if (k < n_params) {
-        bytes += per_set * static_cast<std::int64_t>(t.element_size());
-        numel += per_set;
-        for (std::int64_t d = 1; d < t.dim(); ++d) widest = std::max(widest, t.size(d));
-      } else if (t.dim() > 0) {
-        rows = std::max(rows, per_set / std::max<std::int64_t>(1, t.size(-1)));
-      }
-    }
-    bytes += 3 * rows * widest * static_cast<std::int64_t>(sizeof(float));
-    const double flops = 2.0 * static_cast<double>(std::max<std::int64_t>(1, rows)) * static_cast<double>(numel);
-    per_task = ::tensordict::detail::sets_per_task(sets, bytes, flops, threads);
-  }
-  if (per_task >= sets) return std::nullopt;
+  const std::optional<std::int64_t> per_task = task_sets(tensors, mapped, n_params, sets, options);
+  if (!per_task) return std::nullopt;
 
   const ::tensordict::detail::set_task task = [&](const std::vector<at::Tensor>& own, std::int64_t, std::int64_t length) {
     std::size_t next = 0;
@@ -401,7 +386,7 @@ std::optional<Out> run_in_tasks(const Params& p, const Inputs& inputs, const std
     }
     return flat;
   };
-  const std::vector<at::Tensor> joined = ::tensordict::detail::run_set_tasks(sets, per_task, tensors, mapped, task);
+  const std::vector<at::Tensor> joined = ::tensordict::detail::run_set_tasks(sets, *per_task, tensors, mapped, task);
   const at::Tensor* from = joined.data();
   return unflatten_output<Out>(from);
 }
@@ -417,31 +402,15 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
   constexpr std::size_t n_inputs = std::tuple_size_v<Inputs>;
   static_assert(n_inputs == N);
   const c10::IntArrayRef batch = params.batch_size();
-  if (batch.empty()) {
-    if (any_mapped)
-      throw value_error("functional_vmap: in_dims maps inputs, but params has no batch dim (batch_size=[]) to map over");
-    return std::apply([&](const auto&... in) { return call_one(params, in...); }, inputs);
-  }
-  if (options.loop && options.randomness == tensordict::randomness::same)
-    throw value_error("functional_vmap: loop=true cannot give every set the same randomness; use randomness \"different\"");
-
-  std::int64_t sets = 1;
-  for (auto b : batch) sets *= b;
-  const auto nb = static_cast<std::int64_t>(batch.size());
+  check_mapping(batch, any_mapped, options);
+  if (batch.empty()) return std::apply([&](const auto&... in) { return call_one(params, in...); }, inputs);
+  const std::int64_t sets = c10::multiply_integers(batch);
 
   // Mapped inputs: check params' batch sizes at their dim, then flatten them into one dim.
   auto prepare = [&](const auto& in, const in_dim& d) {
     using T = std::remove_cvref_t<decltype(in)>;
     if constexpr (is_tensor_v<T>) {
-      if (!d) return in;
-      const std::int64_t dim = *d < 0 ? *d + in.dim() : *d;
-      if (dim < 0 || dim + nb > in.dim() || in.sizes().slice(dim, nb) != batch)
-        throw value_error("functional_vmap: the input mapped at dim " + std::to_string(*d) + " is " + describe(in) +
-                          ", but it needs params.batch_size " + format_sizes(batch) + " there");
-      std::vector<std::int64_t> shape(in.sizes().begin(), in.sizes().begin() + dim);
-      shape.push_back(sets);
-      shape.insert(shape.end(), in.sizes().begin() + dim + nb, in.sizes().end());
-      return in.reshape(shape).movedim(dim, 0);
+      return d ? flatten_mapped_input(in, *d, batch, sets) : in;
     } else {
       if (d)
         throw value_error("functional_vmap: in_dims maps an input that is not a tensor (a state tuple?); pass its tensors "
@@ -499,12 +468,62 @@ auto run_functional_vmap(const Params& params, const Inputs& inputs, std::array<
     }
   };
 
-  const std::int64_t chunk = options.chunk_size.value_or(std::max<std::int64_t>(sets, 1));  // no sets: one empty call
-  if (chunk <= 0) throw value_error("functional_vmap: chunk_size must be positive, got " + std::to_string(chunk));
+  const std::int64_t chunk = chunk_of(sets, options);
   if (chunk >= sets) return unflatten_sets(run(0, sets), batch);
   return unflatten_sets(
       ::tensordict::detail::run_chunks(sets, chunk, options.randomness, ::tensordict::detail::draw_device(params), run),
       batch);
+}
+
+// A call of one tensor input whose batched form always applies (a typed
+// Sequential of Linears and activations): run_functional_vmap's work on
+// params' leaves (schema order, undefined where unset), compiled once in
+// libtensordict. call_one(leaves, batch, input) calls the module on params of
+// that batch size (none: one set); lowered(leaves, x, ctx) is the batched
+// form on params whose dim 0 holds ctx.sets sets.
+using leaves_call = c10::function_ref<at::Tensor(const std::vector<at::Tensor>&, c10::IntArrayRef, const at::Tensor&)>;
+using leaves_lowered = c10::function_ref<at::Tensor(const std::vector<at::Tensor>&, const stacked&, const batch_context&)>;
+TENSORDICT_DECL at::Tensor run_lowered_call(const std::vector<at::Tensor>& leaves, c10::IntArrayRef batch,
+                                            std::optional<at::Device> device, const at::Tensor& input, in_dim dim,
+                                            bool any_mapped, const functional_vmap_options& options, bool in_tasks,
+                                            leaves_call call_one, leaves_lowered lowered);
+
+// Whether functional_vmap<Method>(module of Impl, params, inputs) takes run_lowered_call.
+template <auto Method, class Impl, class Inputs>
+constexpr bool lowered_one_tensor() {
+  if constexpr (!std::is_same_v<decltype(Method), std::nullptr_t> || !has_stacked_form<Impl> ||
+                !std::is_same_v<Inputs, std::tuple<at::Tensor>>) {
+    return false;
+  } else {
+    using P = TensorDict<schema_of<Impl>>;
+    constexpr bool several_input_form = requires(Impl& m, const P& p, const Inputs& in, std::array<bool, 1> mapped) {
+      batched<Impl>::forward(m, p, in, mapped, batch_context{});
+    };
+    using Out = decltype(functional_call(std::declval<Impl&>(), std::declval<const P&>(), std::declval<const at::Tensor&>()));
+    return !several_input_form && std::is_same_v<Out, at::Tensor>;
+  }
+}
+
+// run_lowered_call on a typed module: the callbacks rebuild its params from leaves.
+template <class Impl, class P>
+at::Tensor run_lowered(Impl& impl, const P& params, const at::Tensor& input, in_dim dim, bool any_mapped,
+                       const functional_vmap_options& options, bool in_tasks) {
+  std::vector<at::Tensor> leaves(P::leaf_count);
+  for (std::size_t i = 0; i < P::leaf_count; ++i) leaves[i] = params.leaf(i);
+  const std::optional<at::Device> device = params.device();
+  auto rebuilt = [&device](const std::vector<at::Tensor>& from, c10::IntArrayRef batch) {
+    std::array<at::Tensor, P::leaf_count> own;
+    std::copy(from.begin(), from.end(), own.begin());
+    return P(std::move(own), batch, device);
+  };
+  auto call_one = [&](const std::vector<at::Tensor>& from, c10::IntArrayRef batch, const at::Tensor& x) -> at::Tensor {
+    return functional_call(impl, rebuilt(from, batch), x);
+  };
+  auto lowered = [&](const std::vector<at::Tensor>& from, const stacked& x, const batch_context& ctx) {
+    const std::array<std::int64_t, 1> sets{ctx.sets};
+    return expand_sets(call_stacked(impl, rebuilt(from, sets), x, ctx), ctx.sets);
+  };
+  return run_lowered_call(leaves, params.batch_size(), device, input, dim, any_mapped, options, in_tasks, call_one, lowered);
 }
 
 // args then kwargs as one tuple, and the dim of each (args are never mapped).
@@ -596,8 +615,13 @@ auto functional_vmap(Module&& module, const TensorDict<S>& params, Args args = {
   // the tasks' views, graphs and joins around it, unless sets_per_task asks for tasks.
   if constexpr (linear_runs_only_v<Impl>)
     if (in_tasks && !options.sets_per_task && detail::linear_run::takes(params.values())) in_tasks = false;
-  return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims,
-                                     std::tuple_size_v<decltype(in_dims.dims)> > 0, options, call_one, lowered, in_tasks);
+  constexpr bool any_mapped = std::tuple_size_v<decltype(in_dims.dims)> > 0;
+  if constexpr (detail::lowered_one_tensor<Method, Impl, decltype(inputs)>())
+    return detail::run_lowered(impl, ::tensordict::detail::as_module_params<Impl>(params), std::get<0>(inputs), dims[0],
+                               any_mapped, options, in_tasks);
+  else
+    return detail::run_functional_vmap(::tensordict::detail::as_module_params<Impl>(params), inputs, dims, any_mapped,
+                                       options, call_one, lowered, in_tasks);
 }
 
 }  // namespace nn
@@ -769,6 +793,152 @@ auto functional_vmap(M&& module, const AnyTensorDict& params, Args args = {}, Kw
 #include <torch/nn/modules/container/sequential.h>
 
 namespace tensordict::nn::detail {
+TENSORDICT_DECL void check_mapping(c10::IntArrayRef batch, bool any_mapped, const functional_vmap_options& options) {
+  if (batch.empty() && any_mapped)
+    throw value_error("functional_vmap: in_dims maps inputs, but params has no batch dim (batch_size=[]) to map over");
+  if (!batch.empty() && options.loop && options.randomness == tensordict::randomness::same)
+    throw value_error("functional_vmap: loop=true cannot give every set the same randomness; use randomness \"different\"");
+}
+
+TENSORDICT_DECL std::int64_t chunk_of(std::int64_t sets, const functional_vmap_options& options) {
+  const std::int64_t chunk = options.chunk_size.value_or(std::max<std::int64_t>(sets, 1));  // no sets: one empty call
+  if (chunk <= 0) throw value_error("functional_vmap: chunk_size must be positive, got " + std::to_string(chunk));
+  return chunk;
+}
+
+TENSORDICT_DECL at::Tensor flatten_mapped_input(const at::Tensor& in, std::int64_t d, c10::IntArrayRef batch, std::int64_t sets) {
+  const auto nb = static_cast<std::int64_t>(batch.size());
+  const std::int64_t dim = d < 0 ? d + in.dim() : d;
+  if (dim < 0 || dim + nb > in.dim() || in.sizes().slice(dim, nb) != batch)
+    throw value_error("functional_vmap: the input mapped at dim " + std::to_string(d) + " is " + describe(in) +
+                      ", but it needs params.batch_size " + format_sizes(batch) + " there");
+  std::vector<std::int64_t> shape(in.sizes().begin(), in.sizes().begin() + dim);
+  shape.push_back(sets);
+  shape.insert(shape.end(), in.sizes().begin() + dim + nb, in.sizes().end());
+  return in.reshape(shape).movedim(dim, 0);
+}
+
+TENSORDICT_DECL bool tasks_allowed(const functional_vmap_options& options) {
+  if (options.sets_per_task && *options.sets_per_task <= 0)
+    throw value_error("functional_vmap: sets_per_task must be positive, got " + std::to_string(*options.sets_per_task));
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+  // at::parallel_for would run every task on this thread (see parallel_sets.hpp): split only where asked.
+  if (!options.sets_per_task) return false;
+#endif
+  if (!options.sets_per_task && (at::get_num_threads() < 2 || at::in_parallel_region())) return false;
+  return !::tensordict::detail::functorch::inside_transform();
+}
+
+TENSORDICT_DECL std::optional<std::int64_t> task_sets(const std::vector<at::Tensor>& tensors, const std::vector<bool>& mapped,
+                                                      std::size_t n_params, std::int64_t sets,
+                                                      const functional_vmap_options& options) {
+  // A convolution's kernel (sets, out, in, k...) keeps the call in one task: with
+  // two tasks at once, libtorch 2.6's oneDNN convolution gave wrong gradients
+  // (measured: 0.46 off in a Conv1d's; 1.13 agreed), as oneDNN's scratchpad is
+  // shared between threads unless it was built for concurrent use.
+  for (std::size_t k = 0; k < n_params; ++k)
+    if (tensors[k].dim() >= 4) return std::nullopt;
+  std::int64_t per_task = sets;
+  if (options.sets_per_task) {
+    per_task = std::min(sets, *options.sets_per_task);
+  } else {
+    // Working set of one set: its parameters, and its rows at the widest layer
+    // in, out and saved; its work: every parameter meets every row once.
+    std::int64_t bytes = 0, widest = 1, rows = 0, numel = 0;
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      const at::Tensor& t = tensors[k];
+      if (!t.defined()) continue;
+      const std::int64_t per_set = mapped[k] ? t.numel() / std::max<std::int64_t>(1, t.size(0)) : t.numel();
+      if (k < n_params) {
+        bytes += per_set * static_cast<std::int64_t>(t.element_size());
+        numel += per_set;
+        for (std::int64_t d = 1; d < t.dim(); ++d) widest = std::max(widest, t.size(d));
+      } else if (t.dim() > 0) {
+        rows = std::max(rows, per_set / std::max<std::int64_t>(1, t.size(-1)));
+      }
+    }
+    bytes += 3 * rows * widest * static_cast<std::int64_t>(sizeof(float));
+    const double flops = 2.0 * static_cast<double>(std::max<std::int64_t>(1, rows)) * static_cast<double>(numel);
+    per_task = ::tensordict::detail::sets_per_task(sets, bytes, flops, at::get_num_threads());
+  }
+  if (per_task >= sets) return std::nullopt;
+  return per_task;
+}
+
+// run_in_tasks for run_lowered_call: p's defined leaves, then the input.
+inline std::optional<at::Tensor> lowered_in_tasks(const std::vector<at::Tensor>& p, const at::Tensor& input, bool mapped,
+                                                  std::int64_t sets, const functional_vmap_options& options,
+                                                  leaves_lowered lowered) {
+  if (!tasks_allowed(options)) return std::nullopt;
+  std::vector<at::Tensor> tensors;
+  for (const at::Tensor& t : p)
+    if (t.defined()) tensors.push_back(t);
+  const std::size_t n_params = tensors.size();
+  std::vector<bool> is_mapped(n_params, true);
+  tensors.push_back(input);
+  is_mapped.push_back(mapped);
+  const std::optional<std::int64_t> per_task = task_sets(tensors, is_mapped, n_params, sets, options);
+  if (!per_task) return std::nullopt;
+  const ::tensordict::detail::set_task task = [&](const std::vector<at::Tensor>& own, std::int64_t, std::int64_t length) {
+    std::size_t next = 0;
+    std::vector<at::Tensor> task_params(p.size());
+    for (std::size_t k = 0; k < p.size(); ++k)
+      if (p[k].defined()) task_params[k] = own[next++];
+    return std::vector<at::Tensor>{lowered(task_params, stacked{own[next], mapped}, batch_context{length, options.randomness})};
+  };
+  return ::tensordict::detail::run_set_tasks(sets, *per_task, tensors, is_mapped, task)[0];
+}
+
+TENSORDICT_DECL at::Tensor run_lowered_call(const std::vector<at::Tensor>& leaves, c10::IntArrayRef batch,
+                                            std::optional<at::Device> device, const at::Tensor& input, in_dim dim,
+                                            bool any_mapped, const functional_vmap_options& options, bool in_tasks,
+                                            leaves_call call_one, leaves_lowered lowered) {
+  check_mapping(batch, any_mapped, options);
+  if (batch.empty()) return call_one(leaves, batch, input);
+  const std::int64_t sets = c10::multiply_integers(batch);
+  const bool mapped = dim.has_value();
+  const at::Tensor x = mapped ? flatten_mapped_input(input, *dim, batch, sets) : input;
+  std::vector<at::Tensor> flat = leaves;  // flatten_sets
+  if (batch.size() != 1)
+    for (at::Tensor& t : flat)
+      if (t.defined()) {
+        std::vector<std::int64_t> shape{sets};
+        shape.insert(shape.end(), t.sizes().begin() + static_cast<std::int64_t>(batch.size()), t.sizes().end());
+        t = t.reshape(shape);
+      }
+
+  // One chunk of sets [start, start + length).
+  auto run = [&](std::int64_t start, std::int64_t length) {
+    std::vector<at::Tensor> p = flat;
+    if (length != sets)
+      for (at::Tensor& t : p)
+        if (t.defined()) t = t.narrow(0, start, length);
+    const at::Tensor in = mapped ? x.narrow(0, start, length) : x;
+    if (options.loop) {
+      std::vector<at::Tensor> each, one(p.size());
+      for (std::int64_t i = 0; i < length; ++i) {
+        for (std::size_t k = 0; k < p.size(); ++k) one[k] = p[k].defined() ? at::Tensor(p[k][i]) : at::Tensor();
+        each.push_back(call_one(one, {}, mapped ? at::Tensor(in[i]) : in).unsqueeze(0));
+      }
+      return at::cat(each, 0);
+    }
+    if (in_tasks && options.randomness == tensordict::randomness::error)
+      if (std::optional<at::Tensor> out = lowered_in_tasks(p, in, mapped, length, options, lowered)) return std::move(*out);
+    return lowered(p, stacked{in, mapped}, batch_context{length, options.randomness});
+  };
+
+  const std::int64_t chunk = chunk_of(sets, options);
+  if (chunk >= sets) return unflatten_sets(run(0, sets), batch);
+  at::Device draw = device.value_or(at::Device(at::kCPU));
+  if (!device)
+    for (const at::Tensor& t : leaves)
+      if (t.defined()) {
+        draw = t.device();
+        break;
+      }
+  return unflatten_sets(::tensordict::detail::run_chunks(sets, chunk, options.randomness, draw, run), batch);
+}
+
 TENSORDICT_DECL bool dynamic_lowers(torch::nn::Module& m, const AnyTensorDict& params) {
   if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
     // All children lowered, or none: vmap then runs the whole chain once.
