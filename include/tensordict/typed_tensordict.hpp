@@ -667,9 +667,9 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   // nested levels follow `rule`. Non-tensor fields come along: a
   // NonTensorStack's values follow `rearrange` (how the verb moves the batch
   // dims) when given; without it its level's batch size must stay.
-  template <class F>
-  TensorDict mapped(F& f, c10::IntArrayRef batch, std::optional<at::Device> device, detail::nested_batch rule, const char* op,
-                    const detail::rearrangement* rearrange = nullptr) const {
+  // One body per schema whatever f is (f is called through a function_ref).
+  TensorDict mapped(c10::function_ref<at::Tensor(const at::Tensor&)> f, c10::IntArrayRef batch, std::optional<at::Device> device,
+                    detail::nested_batch rule, const char* op, const detail::rearrangement* rearrange = nullptr) const {
     TensorDict out(batch, device);
     if (batch.equals(batch_size())) out.st_->names = stored_names_padded();
     out.st_->batches = mapped_batches(batch, rule, op);

@@ -86,6 +86,24 @@ TENSORDICT_DECL std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayR
 // The file that one of `leaves` writes through to (a memmap buffer loaded with load_memory::shared), or empty.
 TENSORDICT_DECL std::string written_through_file(const std::vector<at::Tensor>& leaves);
 
+// lerp's operands, leaf by leaf (`theirs`: end's leaves in the order of
+// `mine`): end's leaf and a tensor weight of the leaf's dtype, each
+// broadcasting to the leaf without growing it; name_of(i) names leaf i.
+TENSORDICT_DECL void check_lerp_leaves(const std::vector<at::Tensor>& mine, const std::vector<at::Tensor>& theirs,
+                                       const at::Tensor* weight, const char* op, c10::function_ref<std::string(std::size_t)> name_of);
+
+// consolidate()'s layout for these leaves (values() order): where each starts
+// in the buffer, and (last) the buffer's size.
+TENSORDICT_DECL std::vector<std::int64_t> consolidated_offsets(const std::vector<at::Tensor>& leaves);
+// The one buffer that every leaf views in that layout, or an undefined tensor
+// where they are not so laid out (or there is none).
+TENSORDICT_DECL at::Tensor consolidated_storage_of(const std::vector<at::Tensor>& leaves);
+// consolidated_storage_of where moving that buffer moves every leaf: undefined
+// where a leaf requires grad while autograd records.
+TENSORDICT_DECL at::Tensor one_buffer_of(const std::vector<at::Tensor>& leaves);
+// Each leaf's view of `storage` in that layout.
+TENSORDICT_DECL std::vector<at::Tensor> views_of(const at::Tensor& storage, const std::vector<at::Tensor>& leaves);
+
 // The batch size of index(batch) on a TensorDict of batch size `batch_size`: what the same index
 // does to a tensor of the batch shape, on the device of the index tensors (a CUDA mask cannot index a
 // CPU tensor). Checks the indices against the batch size.
@@ -210,20 +228,7 @@ class tensordict_ops {
   }
   // The one buffer that every leaf views in consolidate()'s layout, or an
   // undefined tensor where the leaves are not so laid out (nor any leaf set).
-  at::Tensor consolidated_storage() const {
-    const std::vector<at::Tensor> leaves = self().values();
-    if (leaves.empty() || !leaves.front().has_storage()) return {};
-    const std::vector<std::int64_t> offsets = consolidated_offsets(leaves);
-    const c10::Storage& storage = leaves.front().storage();
-    if (static_cast<std::int64_t>(storage.nbytes()) != offsets.back()) return {};
-    for (std::size_t k = 0; k < leaves.size(); ++k) {
-      const at::Tensor& t = leaves[k];
-      if (!t.has_storage() || !t.storage().is_alias_of(storage) || !t.is_contiguous() ||
-          t.storage_offset() * static_cast<std::int64_t>(t.element_size()) != offsets[k])
-        return {};
-    }
-    return at::empty({0}, at::TensorOptions(at::kByte).device(storage.device())).set_(storage, 0, {offsets.back()}, {1});
-  }
+  at::Tensor consolidated_storage() const { return consolidated_storage_of(self().values()); }
   bool is_consolidated() const { return consolidated_storage().defined(); }
   // Python's from_consolidated for a buffer that arrived (broadcast, received,
   // moved): a TensorDict with this one's keys, shapes and dtypes whose leaves
@@ -633,33 +638,12 @@ class tensordict_ops {
   }
 
   // The consolidated buffer where moving it moves every leaf: none requires grad while autograd records.
-  at::Tensor one_buffer() const {
-    if (at::GradMode::is_enabled())
-      for (const at::Tensor& t : self().values())
-        if (t.requires_grad()) return {};
-    return consolidated_storage();
-  }
-  // Where each leaf starts in a consolidated buffer, and (last) its size.
-  static std::vector<std::int64_t> consolidated_offsets(const std::vector<at::Tensor>& leaves) {
-    std::vector<std::int64_t> out;
-    std::int64_t end = 0;
-    for (const at::Tensor& t : leaves) {
-      const std::int64_t align = std::max<std::int64_t>(8, static_cast<std::int64_t>(t.element_size()));
-      end = (end + align - 1) / align * align;
-      out.push_back(end);
-      end += t.numel() * static_cast<std::int64_t>(t.element_size());
-    }
-    out.push_back(end);
-    return out;
-  }
+  at::Tensor one_buffer() const { return one_buffer_of(self().values()); }
   // This TensorDict's structure with each leaf a view of `storage` (consolidate()'s layout).
   Derived over_storage(const at::Tensor& storage, std::optional<at::Device> device = std::nullopt) const {
-    const std::vector<std::int64_t> offsets = consolidated_offsets(self().values());
+    const std::vector<at::Tensor> views = views_of(storage, self().values());
     std::size_t k = 0;
-    const auto view = [&](const at::Tensor& t) {
-      const std::int64_t offset = offsets[k++];
-      return storage.narrow(0, offset, t.numel() * static_cast<std::int64_t>(t.element_size())).view(t.scalar_type()).view(t.sizes());
-    };
+    const auto view = [&](const at::Tensor&) { return views[k++]; };
     return device ? self().apply(view, self().batch_size(), device) : self().apply(view);
   }
 
@@ -769,28 +753,7 @@ class tensordict_ops {
     check_same_batch(end, op);
     const Derived ends = self().compare(end, op, [](const at::Tensor&, const at::Tensor& b) { return b; });
     const auto keys = self().keys();
-    const std::vector<at::Tensor> mine = self().values(), theirs = ends.values();
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const auto where = [&] { return std::string("TensorDict.") + op + "(" + Derived::key_name(keys[i]) + "): "; };
-      if (theirs[i].scalar_type() != mine[i].scalar_type())
-        throw dtype_error(where() + "the leaf is " + describe(mine[i]) + " and end's " + describe(theirs[i]) +
-                          "; lerp needs one dtype (convert end with .to(...))");
-      if (!broadcasts_to(theirs[i], mine[i].sizes()))
-        throw shape_error(where() + "end's " + describe(theirs[i]) + " does not broadcast to the leaf " + describe(mine[i]));
-      if (!weight) continue;
-      if (weight->scalar_type() != mine[i].scalar_type())
-        throw dtype_error(where() + "the weight is " + describe(*weight) + " and the leaf " + describe(mine[i]) +
-                          "; lerp needs one dtype (a scalar weight takes any)");
-      if (!broadcasts_to(*weight, mine[i].sizes()))
-        throw shape_error(where() + "the weight " + describe(*weight) + " does not broadcast to the leaf " + describe(mine[i]));
-    }
-  }
-  // Whether t broadcasts to `shape` without growing it (the rule of an in-place op's other operand).
-  static bool broadcasts_to(const at::Tensor& t, c10::IntArrayRef shape) {
-    const auto dims = static_cast<std::int64_t>(shape.size());
-    bool fits = t.dim() <= dims;
-    for (std::int64_t d = 1; fits && d <= t.dim(); ++d) fits = t.size(-d) == 1 || t.size(-d) == shape[dims - d];
-    return fits;
+    detail::check_lerp_leaves(self().values(), ends.values(), weight, op, [&](std::size_t i) { return Derived::key_name(keys[i]); });
   }
   template <class F>
   Derived paired(const Derived& o, const char* op, F&& f) const {
@@ -960,6 +923,77 @@ TENSORDICT_DECL std::string written_through_file(const std::vector<at::Tensor>& 
     if (t.defined() && t.has_storage() && t.is_cpu() && t.numel() > 0)
       if (std::string file = shared_file_at(t.data_ptr()); !file.empty()) return file;
   return {};
+}
+
+// Whether t broadcasts to `shape` without growing it (the rule of an in-place op's other operand).
+inline bool broadcasts_to(const at::Tensor& t, c10::IntArrayRef shape) {
+  const auto dims = static_cast<std::int64_t>(shape.size());
+  bool fits = t.dim() <= dims;
+  for (std::int64_t d = 1; fits && d <= t.dim(); ++d) fits = t.size(-d) == 1 || t.size(-d) == shape[dims - d];
+  return fits;
+}
+
+TENSORDICT_DECL void check_lerp_leaves(const std::vector<at::Tensor>& mine, const std::vector<at::Tensor>& theirs,
+                                       const at::Tensor* weight, const char* op, c10::function_ref<std::string(std::size_t)> name_of) {
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const auto where = [&] { return std::string("TensorDict.") + op + "(" + name_of(i) + "): "; };
+    if (theirs[i].scalar_type() != mine[i].scalar_type())
+      throw dtype_error(where() + "the leaf is " + describe(mine[i]) + " and end's " + describe(theirs[i]) +
+                        "; lerp needs one dtype (convert end with .to(...))");
+    if (!broadcasts_to(theirs[i], mine[i].sizes()))
+      throw shape_error(where() + "end's " + describe(theirs[i]) + " does not broadcast to the leaf " + describe(mine[i]));
+    if (!weight) continue;
+    if (weight->scalar_type() != mine[i].scalar_type())
+      throw dtype_error(where() + "the weight is " + describe(*weight) + " and the leaf " + describe(mine[i]) +
+                        "; lerp needs one dtype (a scalar weight takes any)");
+    if (!broadcasts_to(*weight, mine[i].sizes()))
+      throw shape_error(where() + "the weight " + describe(*weight) + " does not broadcast to the leaf " + describe(mine[i]));
+  }
+}
+
+TENSORDICT_DECL std::vector<std::int64_t> consolidated_offsets(const std::vector<at::Tensor>& leaves) {
+  std::vector<std::int64_t> out;
+  std::int64_t end = 0;
+  for (const at::Tensor& t : leaves) {
+    const std::int64_t align = std::max<std::int64_t>(8, static_cast<std::int64_t>(t.element_size()));
+    end = (end + align - 1) / align * align;
+    out.push_back(end);
+    end += t.numel() * static_cast<std::int64_t>(t.element_size());
+  }
+  out.push_back(end);
+  return out;
+}
+
+TENSORDICT_DECL at::Tensor consolidated_storage_of(const std::vector<at::Tensor>& leaves) {
+  if (leaves.empty() || !leaves.front().has_storage()) return {};
+  const std::vector<std::int64_t> offsets = consolidated_offsets(leaves);
+  const c10::Storage& storage = leaves.front().storage();
+  if (static_cast<std::int64_t>(storage.nbytes()) != offsets.back()) return {};
+  for (std::size_t k = 0; k < leaves.size(); ++k) {
+    const at::Tensor& t = leaves[k];
+    if (!t.has_storage() || !t.storage().is_alias_of(storage) || !t.is_contiguous() ||
+        t.storage_offset() * static_cast<std::int64_t>(t.element_size()) != offsets[k])
+      return {};
+  }
+  return at::empty({0}, at::TensorOptions(at::kByte).device(storage.device())).set_(storage, 0, {offsets.back()}, {1});
+}
+
+TENSORDICT_DECL at::Tensor one_buffer_of(const std::vector<at::Tensor>& leaves) {
+  if (at::GradMode::is_enabled())
+    for (const at::Tensor& t : leaves)
+      if (t.requires_grad()) return {};
+  return consolidated_storage_of(leaves);
+}
+
+TENSORDICT_DECL std::vector<at::Tensor> views_of(const at::Tensor& storage, const std::vector<at::Tensor>& leaves) {
+  const std::vector<std::int64_t> offsets = consolidated_offsets(leaves);
+  std::vector<at::Tensor> out;
+  out.reserve(leaves.size());
+  for (std::size_t k = 0; k < leaves.size(); ++k) {
+    const at::Tensor& t = leaves[k];
+    out.push_back(storage.narrow(0, offsets[k], t.numel() * static_cast<std::int64_t>(t.element_size())).view(t.scalar_type()).view(t.sizes()));
+  }
+  return out;
 }
 
 TENSORDICT_DECL std::vector<std::int64_t> indexed_batch(c10::IntArrayRef b, c10::ArrayRef<at::indexing::TensorIndex> batch,
