@@ -200,20 +200,13 @@ class [[nodiscard]] dynamic_module_swap {
  public:
   dynamic_module_swap(torch::nn::Module& module, const AnyTensorDict& params, swap_mode mode = swap_mode::keep_module_flags,
                       const char* op = "tensordict::to_module");
-  dynamic_module_swap(dynamic_module_swap&& other) noexcept
-      : saved_(std::move(other.saved_)), active_(std::exchange(other.active_, false)) {}
+  // Out of line, with restore(): a program's TU does not instantiate the
+  // saved entries' vector for a guard it only creates and destroys.
+  TENSORDICT_DECL dynamic_module_swap(dynamic_module_swap&& other) noexcept;
   dynamic_module_swap& operator=(dynamic_module_swap&&) = delete;
-  ~dynamic_module_swap() { restore(); }
+  TENSORDICT_DECL ~dynamic_module_swap();
 
-  void restore() noexcept {
-    if (!active_) return;
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      *it->member = std::move(it->old_member);
-      *it->registry = std::move(it->old_registry);
-      it->flag.undo();
-    }
-    active_ = false;
-  }
+  TENSORDICT_DECL void restore() noexcept;
 
   TENSORDICT_DECL AnyTensorDict release();
 
@@ -347,6 +340,21 @@ TENSORDICT_DECL dynamic_module_swap::dynamic_module_swap(torch::nn::Module& modu
     }
     active_ = true;
   }
+
+TENSORDICT_DECL dynamic_module_swap::dynamic_module_swap(dynamic_module_swap&& other) noexcept
+    : saved_(std::move(other.saved_)), active_(std::exchange(other.active_, false)) {}
+
+TENSORDICT_DECL dynamic_module_swap::~dynamic_module_swap() { restore(); }
+
+TENSORDICT_DECL void dynamic_module_swap::restore() noexcept {
+  if (!active_) return;
+  for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+    *it->member = std::move(it->old_member);
+    *it->registry = std::move(it->old_registry);
+    it->flag.undo();
+  }
+  active_ = false;
+}
 
 TENSORDICT_DECL AnyTensorDict dynamic_module_swap::release() {
   AnyTensorDict old;

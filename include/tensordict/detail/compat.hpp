@@ -77,18 +77,43 @@ inline bool fused_recurrent_kernel(bool cuda, bool onednn_lstm) { return cuda ||
 #define TENSORDICT_DETAIL_COMPAT_FUNCTORCH
 
 #include <cstdint>
-#include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "config.hpp"
+
+// functorch's layer stack. Only libtensordict includes functorch's headers
+// (a program's TU would parse them, and instantiate the interpreters'
+// std::variant, for these six calls).
+namespace tensordict::detail::functorch {
+
+enum class randomness_kind { error, same, different };
+
+// Pushes a vmap level of `batch_size` on functorch's layer stack; returns its level.
+TENSORDICT_DECL std::int64_t push_vmap_layer(std::int64_t batch_size, randomness_kind r);
+TENSORDICT_DECL void pop_vmap_layer();
+TENSORDICT_DECL at::Tensor add_batch_dim(const at::Tensor& t, std::int64_t dim, std::int64_t level);
+// The inverse of add_batch_dim, as functorch's _remove_batch_dim: the mapped
+// dim of `level` moves to out_dim; a result that does not depend on the
+// mapped inputs is expanded along it.
+TENSORDICT_DECL at::Tensor remove_batch_dim(const at::Tensor& t, std::int64_t level, std::int64_t batch_size,
+                                           std::int64_t out_dim);
+TENSORDICT_DECL bool is_batched(const at::Tensor& t);
+// Whether a functorch transform (a vmap level, ...) is active on this thread.
+TENSORDICT_DECL bool inside_transform();
+
+}  // namespace tensordict::detail::functorch
+
+#if TENSORDICT_DEFINITIONS
+#include <vector>
+
 #include <ATen/functorch/BatchedTensorImpl.h>
 #include <ATen/functorch/DynamicLayer.h>
 #include <ATen/ops/movedim.h>
 
-// functorch's layer stack (1.13 and 2.6 both export these; 2.x takes the
-// batch size as optional<SymInt>, to which an int64_t converts).
+// 1.13 and 2.6 both export these; 2.x takes the batch size as
+// optional<SymInt>, to which an int64_t converts.
 namespace tensordict::detail::functorch {
-
-enum class randomness_kind { error, same, different };
 
 inline at::functorch::RandomnessType to_functorch(randomness_kind r) {
   switch (r) {
@@ -98,21 +123,18 @@ inline at::functorch::RandomnessType to_functorch(randomness_kind r) {
   }
 }
 
-// Pushes a vmap level of `batch_size` on functorch's layer stack; returns its level.
-inline std::int64_t push_vmap_layer(std::int64_t batch_size, randomness_kind r) {
+TENSORDICT_DECL std::int64_t push_vmap_layer(std::int64_t batch_size, randomness_kind r) {
   return at::functorch::initAndPushDynamicLayer(at::functorch::TransformType::Vmap, batch_size, to_functorch(r));
 }
 
-inline void pop_vmap_layer() { at::functorch::popDynamicLayerAndDeleteMetadata(); }
+TENSORDICT_DECL void pop_vmap_layer() { at::functorch::popDynamicLayerAndDeleteMetadata(); }
 
-inline at::Tensor add_batch_dim(const at::Tensor& t, std::int64_t dim, std::int64_t level) {
+TENSORDICT_DECL at::Tensor add_batch_dim(const at::Tensor& t, std::int64_t dim, std::int64_t level) {
   return at::functorch::addBatchDim(t, dim, level);
 }
 
-// The inverse of add_batch_dim, as functorch's _remove_batch_dim: the mapped
-// dim of `level` moves to out_dim; a result that does not depend on the
-// mapped inputs is expanded along it.
-inline at::Tensor remove_batch_dim(const at::Tensor& t, std::int64_t level, std::int64_t batch_size, std::int64_t out_dim) {
+TENSORDICT_DECL at::Tensor remove_batch_dim(const at::Tensor& t, std::int64_t level, std::int64_t batch_size,
+                                           std::int64_t out_dim) {
   const auto* batched = at::functorch::maybeGetBatchedImpl(t);
   if (batched == nullptr || batched->level() != level) {
     std::vector<std::int64_t> sizes(t.sizes().begin(), t.sizes().end());
@@ -122,12 +144,12 @@ inline at::Tensor remove_batch_dim(const at::Tensor& t, std::int64_t level, std:
   return at::movedim(batched->value(), batched->bdim(), out_dim);
 }
 
-inline bool is_batched(const at::Tensor& t) { return at::functorch::isBatchedTensor(t); }
+TENSORDICT_DECL bool is_batched(const at::Tensor& t) { return at::functorch::isBatchedTensor(t); }
 
-// Whether a functorch transform (a vmap level, ...) is active on this thread.
-inline bool inside_transform() { return at::functorch::maybeCurrentDynamicLayer().has_value(); }
+TENSORDICT_DECL bool inside_transform() { return at::functorch::maybeCurrentDynamicLayer().has_value(); }
 
 }  // namespace tensordict::detail::functorch
+#endif  // TENSORDICT_DEFINITIONS
 
 #endif  // TENSORDICT_COMPAT_FUNCTORCH
 

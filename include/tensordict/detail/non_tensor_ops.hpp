@@ -19,6 +19,7 @@
 
 #include "../errors.hpp"
 #include "../non_tensor.hpp"
+#include "config.hpp"
 #include "format.hpp"
 
 namespace tensordict::detail {
@@ -27,20 +28,11 @@ namespace tensordict::detail {
 using rearrangement = std::function<at::Tensor(const at::Tensor&)>;
 
 // values[p] for each position p of `positions` (int64, any device), row-major.
-inline std::vector<non_tensor_value> gathered(const std::vector<non_tensor_value>& values, const at::Tensor& positions) {
-  const at::Tensor flat = positions.to(at::kCPU).contiguous();
-  const std::int64_t* p = flat.data_ptr<std::int64_t>();
-  std::vector<non_tensor_value> out;
-  out.reserve(static_cast<std::size_t>(flat.numel()));
-  for (std::int64_t i = 0; i < flat.numel(); ++i) out.push_back(values[static_cast<std::size_t>(p[i])]);
-  return out;
-}
+TENSORDICT_DECL std::vector<non_tensor_value> gathered(const std::vector<non_tensor_value>& values,
+                                                      const at::Tensor& positions);
 
 // One value left over an empty batch is a NonTensorData; otherwise a NonTensorStack.
-inline NonTensor stacked_or_one(std::vector<non_tensor_value> values, c10::IntArrayRef batch) {
-  if (batch.empty()) return NonTensor(std::move(values.front()));
-  return NonTensor::stack(std::move(values), batch.vec());
-}
+TENSORDICT_DECL NonTensor stacked_or_one(std::vector<non_tensor_value> values, c10::IntArrayRef batch);
 
 // Where a level's leaves are (the first set one's device, else the CPU): the
 // device of the positions `carried` rearranges.
@@ -55,22 +47,9 @@ at::Device leaves_device(const Tensors& leaves) {
 // NonTensorStack's values follow `rearrange` when given; without it the batch
 // size must stay. (`device`: where the level's leaves are, which the verb's
 // index tensors suit; only a rearrangement uses it.)
-inline NonTensor carried(const NonTensor& v, c10::IntArrayRef from, c10::IntArrayRef to, const rearrangement* rearrange,
-                         const std::string& path, const char* op, at::Device device = at::kCPU) {
-  if (!v.is_stack()) return v;
-  if (!rearrange) {
-    if (from.equals(to)) return v;
-    throw value_error(std::string(op) + ": " + path + " holds one value per batch element (" + v.repr() +
-                      "), which cannot follow the batch size from " + format_sizes(from) + " to " + format_sizes(to) +
-                      "; exclude it first (td.exclude({" + path + "}))");
-  }
-  const std::int64_t n = static_cast<std::int64_t>(v.values().size());
-  const at::Tensor positions = (*rearrange)(at::arange(n, at::TensorOptions(at::kLong).device(device)).view(from));
-  if (!positions.defined() || !positions.sizes().equals(to))
-    throw shape_error(std::string(op) + ": the positions of " + path + "'s values came out " +
-                      (positions.defined() ? describe(positions) : std::string("undefined")) + ", not of the shape " + format_sizes(to));
-  return stacked_or_one(gathered(v.values(), positions), to);
-}
+TENSORDICT_DECL NonTensor carried(const NonTensor& v, c10::IntArrayRef from, c10::IntArrayRef to,
+                                  const rearrangement* rearrange, const std::string& path, const char* op,
+                                  at::Device device = at::kCPU);
 
 // Entries of several TensorDicts (one per TensorDict, over its level's batch
 // size `batches[k]`) joined as their leaves are by join(parts) (stack, cat):
@@ -101,9 +80,53 @@ NonTensor joined_non_tensor(const std::vector<NonTensor>& entries, const std::ve
 // errors. `files`: the file the TensorDict's leaves write through to (empty:
 // none), whose folder would keep the old value, so a change is refused
 // (value_error) before anything is written; Python tensordict refuses it too.
-inline std::optional<NonTensor> non_tensor_written_at(const NonTensor& mine, const NonTensor& theirs, c10::IntArrayRef level,
-                                                      c10::ArrayRef<at::indexing::TensorIndex> batch, const std::string& where,
-                                                      const std::string& files = {}) {
+TENSORDICT_DECL std::optional<NonTensor> non_tensor_written_at(const NonTensor& mine, const NonTensor& theirs,
+                                                               c10::IntArrayRef level,
+                                                               c10::ArrayRef<at::indexing::TensorIndex> batch,
+                                                               const std::string& where, const std::string& files = {});
+
+}  // namespace tensordict::detail
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::detail {
+
+TENSORDICT_DECL std::vector<non_tensor_value> gathered(const std::vector<non_tensor_value>& values,
+                                                      const at::Tensor& positions) {
+  const at::Tensor flat = positions.to(at::kCPU).contiguous();
+  const std::int64_t* p = flat.data_ptr<std::int64_t>();
+  std::vector<non_tensor_value> out;
+  out.reserve(static_cast<std::size_t>(flat.numel()));
+  for (std::int64_t i = 0; i < flat.numel(); ++i) out.push_back(values[static_cast<std::size_t>(p[i])]);
+  return out;
+}
+
+TENSORDICT_DECL NonTensor stacked_or_one(std::vector<non_tensor_value> values, c10::IntArrayRef batch) {
+  if (batch.empty()) return NonTensor(std::move(values.front()));
+  return NonTensor::stack(std::move(values), batch.vec());
+}
+
+TENSORDICT_DECL NonTensor carried(const NonTensor& v, c10::IntArrayRef from, c10::IntArrayRef to,
+                                  const rearrangement* rearrange, const std::string& path, const char* op,
+                                  at::Device device) {
+  if (!v.is_stack()) return v;
+  if (!rearrange) {
+    if (from.equals(to)) return v;
+    throw value_error(std::string(op) + ": " + path + " holds one value per batch element (" + v.repr() +
+                      "), which cannot follow the batch size from " + format_sizes(from) + " to " + format_sizes(to) +
+                      "; exclude it first (td.exclude({" + path + "}))");
+  }
+  const std::int64_t n = static_cast<std::int64_t>(v.values().size());
+  const at::Tensor positions = (*rearrange)(at::arange(n, at::TensorOptions(at::kLong).device(device)).view(from));
+  if (!positions.defined() || !positions.sizes().equals(to))
+    throw shape_error(std::string(op) + ": the positions of " + path + "'s values came out " +
+                      (positions.defined() ? describe(positions) : std::string("undefined")) + ", not of the shape " + format_sizes(to));
+  return stacked_or_one(gathered(v.values(), positions), to);
+}
+
+TENSORDICT_DECL std::optional<NonTensor> non_tensor_written_at(const NonTensor& mine, const NonTensor& theirs,
+                                                               c10::IntArrayRef level,
+                                                               c10::ArrayRef<at::indexing::TensorIndex> batch,
+                                                               const std::string& where, const std::string& files) {
   const std::int64_t n = c10::multiply_integers(level);
   at::Tensor positions;
   try {
@@ -132,3 +155,4 @@ inline std::optional<NonTensor> non_tensor_written_at(const NonTensor& mine, con
 }
 
 }  // namespace tensordict::detail
+#endif  // TENSORDICT_DEFINITIONS
