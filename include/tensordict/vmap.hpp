@@ -185,16 +185,29 @@ Out concatenate(const std::vector<Out>& chunks) {
   }
 }
 
+// A TensorDict's device for random draws: its own, else its first set leaf's.
+TENSORDICT_DECL std::optional<at::Device> draw_device_of_leaves(const std::optional<at::Device>& own,
+                                                               c10::ArrayRef<at::Tensor> leaves);
+#if TENSORDICT_DEFINITIONS
+TENSORDICT_DECL std::optional<at::Device> draw_device_of_leaves(const std::optional<at::Device>& own,
+                                                               c10::ArrayRef<at::Tensor> leaves) {
+  if (own) return own;
+  for (const at::Tensor& t : leaves)
+    if (t.defined()) return t.device();
+  return std::nullopt;
+}
+#endif  // TENSORDICT_DEFINITIONS
+
 // The device whose generator an argument's random ops draw from: a tensor's,
-// or a TensorDict's (its own, else its first leaf's); none for other values.
+// or a TensorDict's (draw_device_of_leaves); none for other values.
 template <class Arg>
 std::optional<at::Device> draw_device_of(const Arg& arg) {
   if constexpr (is_tensor_v<Arg>) {
     return arg.defined() ? std::optional<at::Device>(arg.device()) : std::nullopt;
   } else if constexpr (is_td_v<Arg>) {
-    if (arg.device()) return std::optional<at::Device>(*arg.device());
-    for (const at::Tensor& t : arg.values()) return std::optional<at::Device>(t.device());
-    return std::nullopt;
+    if constexpr (!requires { Arg::leaf_count; }) return draw_device_of_leaves(arg.device(), arg.values());
+    else if constexpr (Arg::leaf_count == 0) return arg.device();
+    else return draw_device_of_leaves(arg.device(), c10::ArrayRef<at::Tensor>(&arg.leaf(0), Arg::leaf_count));
   } else {
     return std::nullopt;
   }

@@ -86,11 +86,15 @@ TENSORDICT_DECL std::vector<at::indexing::TensorIndex> batch_indices(c10::ArrayR
 // The file that one of `leaves` writes through to (a memmap buffer loaded with load_memory::shared), or empty.
 TENSORDICT_DECL std::string written_through_file(const std::vector<at::Tensor>& leaves);
 
+// A pairwise verb (td + other, lerp_, ...) on TensorDicts of different batch sizes.
+[[noreturn]] TENSORDICT_DECL void throw_batch_sizes_differ(c10::IntArrayRef mine, c10::IntArrayRef theirs, const char* op);
+
 // lerp's operands, leaf by leaf (`theirs`: end's leaves in the order of
 // `mine`): end's leaf and a tensor weight of the leaf's dtype, each
 // broadcasting to the leaf without growing it; name_of(i) names leaf i.
 TENSORDICT_DECL void check_lerp_leaves(const std::vector<at::Tensor>& mine, const std::vector<at::Tensor>& theirs,
-                                       const at::Tensor* weight, const char* op, c10::function_ref<std::string(std::size_t)> name_of);
+                                       const at::Tensor* weight, const char* op,
+                                       c10::function_ref<std::string(std::size_t)> name_of);
 
 // consolidate()'s layout for these leaves (values() order): where each starts
 // in the buffer, and (last) the buffer's size.
@@ -558,20 +562,18 @@ class tensordict_ops {
   // or a tensor that broadcasts to every leaf; leaf, end and a tensor weight share a dtype, as torch.lerp
   // needs. Keys, batch sizes, dtypes and shapes are checked before the first leaf is written.
   Derived& lerp_(const Derived& end, const at::Scalar& weight) {
-    check_lerp(end, nullptr, "lerp_");
-    return paired_(end, "lerp_", [&](at::Tensor& a, const at::Tensor& b) { a.lerp_(b, weight); });
+    return lerped_(end, nullptr, [&](at::Tensor& a, const at::Tensor& b) { a.lerp_(b, weight); });
   }
   Derived& lerp_(const Derived& end, const at::Tensor& weight) {
-    check_lerp(end, &weight, "lerp_");
-    return paired_(end, "lerp_", [&](at::Tensor& a, const at::Tensor& b) { a.lerp_(b, weight); });
+    return lerped_(end, &weight, [&](at::Tensor& a, const at::Tensor& b) { a.lerp_(b, weight); });
   }
   Derived lerp(const Derived& end, const at::Scalar& weight) const {
-    check_lerp(end, nullptr, "lerp");
-    return paired(end, "lerp", [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
+    const Derived ends = lerp_ends(end, nullptr, "lerp");
+    return self().compare(ends, "lerp", [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
   }
   Derived lerp(const Derived& end, const at::Tensor& weight) const {
-    check_lerp(end, &weight, "lerp");
-    return paired(end, "lerp", [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
+    const Derived ends = lerp_ends(end, &weight, "lerp");
+    return self().compare(ends, "lerp", [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
   }
 
   Derived abs() const { return self().apply([](const at::Tensor& t) { return t.abs(); }); }
@@ -744,16 +746,25 @@ class tensordict_ops {
     return mask.reshape(shape);
   }
   void check_same_batch(const Derived& o, const char* op) const {
-    if (!self().batch_size().equals(o.batch_size()))
-      throw shape_error(std::string("TensorDict ") + op + ": batch_size=" + format_sizes(self().batch_size()) + " and batch_size=" +
-                        format_sizes(o.batch_size()) + " differ");
+    if (!self().batch_size().equals(o.batch_size())) detail::throw_batch_sizes_differ(self().batch_size(), o.batch_size(), op);
   }
-  // lerp's operands, leaf by leaf: end's leaf and a tensor weight of the leaf's dtype, the weight broadcasting to the leaf.
-  void check_lerp(const Derived& end, const at::Tensor* weight, const char* op) const {
+  // end aligned to this side's keys, after lerp's checks (batch size, keys, and
+  // leaf by leaf: end's leaf and a tensor weight of the leaf's dtype, each broadcasting to the leaf).
+  Derived lerp_ends(const Derived& end, const at::Tensor* weight, const char* op) const {
     check_same_batch(end, op);
-    const Derived ends = self().compare(end, op, [](const at::Tensor&, const at::Tensor& b) { return b; });
-    const auto keys = self().keys();
-    detail::check_lerp_leaves(self().values(), ends.values(), weight, op, [&](std::size_t i) { return Derived::key_name(keys[i]); });
+    Derived ends = self().compare(end, op, [](const at::Tensor&, const at::Tensor& b) { return b; });
+    // The keys only name a leaf in an error message: listed only then.
+    detail::check_lerp_leaves(self().values(), ends.values(), weight, op,
+                              [&](std::size_t i) { return Derived::key_name(self().keys()[i]); });
+    return ends;
+  }
+  // lerp_'s writes: end's leaves aligned and checked once, then f(leaf, end's leaf) for each.
+  template <class F>
+  Derived& lerped_(const Derived& end, const at::Tensor* weight, F&& f) {
+    const std::vector<at::Tensor> theirs = lerp_ends(end, weight, "lerp_").values();
+    std::vector<at::Tensor> mine = self().values();
+    for (std::size_t i = 0; i < mine.size(); ++i) f(mine[i], theirs[i]);
+    return static_cast<Derived&>(*this);
   }
   template <class F>
   Derived paired(const Derived& o, const char* op, F&& f) const {
@@ -933,8 +944,14 @@ inline bool broadcasts_to(const at::Tensor& t, c10::IntArrayRef shape) {
   return fits;
 }
 
+TENSORDICT_DECL void throw_batch_sizes_differ(c10::IntArrayRef mine, c10::IntArrayRef theirs, const char* op) {
+  throw shape_error(std::string("TensorDict ") + op + ": batch_size=" + format_sizes(mine) + " and batch_size=" +
+                    format_sizes(theirs) + " differ");
+}
+
 TENSORDICT_DECL void check_lerp_leaves(const std::vector<at::Tensor>& mine, const std::vector<at::Tensor>& theirs,
-                                       const at::Tensor* weight, const char* op, c10::function_ref<std::string(std::size_t)> name_of) {
+                                       const at::Tensor* weight, const char* op,
+                                       c10::function_ref<std::string(std::size_t)> name_of) {
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const auto where = [&] { return std::string("TensorDict.") + op + "(" + name_of(i) + "): "; };
     if (theirs[i].scalar_type() != mine[i].scalar_type())
@@ -991,7 +1008,8 @@ TENSORDICT_DECL std::vector<at::Tensor> views_of(const at::Tensor& storage, cons
   out.reserve(leaves.size());
   for (std::size_t k = 0; k < leaves.size(); ++k) {
     const at::Tensor& t = leaves[k];
-    out.push_back(storage.narrow(0, offsets[k], t.numel() * static_cast<std::int64_t>(t.element_size())).view(t.scalar_type()).view(t.sizes()));
+    const std::int64_t bytes = t.numel() * static_cast<std::int64_t>(t.element_size());
+    out.push_back(storage.narrow(0, offsets[k], bytes).view(t.scalar_type()).view(t.sizes()));
   }
   return out;
 }

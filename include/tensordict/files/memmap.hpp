@@ -191,7 +191,6 @@ TensorDict<S> memmap_like(const TensorDict<S>& like, const std::string& dir, con
 namespace tensordict {
 namespace detail {
 
-
 // Where a memmap TensorDict's files are: a folder, or 0.14's .tdz archive (the
 // folder's files as the stored members of a zip, mapped whole). Paths are
 // relative, "/"-separated; "" is the top.
@@ -557,7 +556,6 @@ inline void write_tdz(const std::filesystem::path& folder, std::ostream& out) {
 
 namespace detail {
 
-
 // Writes the directory beside `dir` and puts it in place in one step; a
 // failed write removes what it created (folders above `dir` included).
 // replace: an existing `dir` is replaced (save_memmap); else it is refused.
@@ -658,7 +656,6 @@ inline void write_memmap_directory(const std::vector<AnyTensorDict>& tds, std::o
 }
 
 }  // namespace detail
-
 
 TENSORDICT_DECL AnyTensorDict load_memmap(const std::string& dir, const load_options& options) {
   std::map<any_key_path, std::string> tensorclasses;

@@ -144,18 +144,15 @@ stacked call_stacked(Impl& m, const TensorDict<S>& p, const stacked& x, const ba
 namespace detail {
 using ::tensordict::detail::is_tensor_v;
 
+// A leaf of params whose `batch_dims` leading dims become one sets dim.
+TENSORDICT_DECL at::Tensor leaf_with_one_sets_dim(const at::Tensor& t, std::int64_t batch_dims, std::int64_t sets);
+
 // Flattens params' batch dims into one sets dim.
 template <class TD>
 TD flatten_sets(const TD& params, std::int64_t sets) {
   const auto nb = static_cast<std::int64_t>(params.batch_dims());
   if (nb == 1) return params;
-  return params.apply(
-      [&](const at::Tensor& t) {
-        std::vector<std::int64_t> shape{sets};
-        shape.insert(shape.end(), t.sizes().begin() + nb, t.sizes().end());
-        return t.reshape(shape);
-      },
-      {sets});
+  return params.apply([&](const at::Tensor& t) { return leaf_with_one_sets_dim(t, nb, sets); }, {sets});
 }
 
 // Restores params' batch dims at the front of an output.
@@ -806,6 +803,12 @@ TENSORDICT_DECL std::int64_t chunk_of(std::int64_t sets, const functional_vmap_o
   return chunk;
 }
 
+TENSORDICT_DECL at::Tensor leaf_with_one_sets_dim(const at::Tensor& t, std::int64_t batch_dims, std::int64_t sets) {
+  std::vector<std::int64_t> shape{sets};
+  shape.insert(shape.end(), t.sizes().begin() + batch_dims, t.sizes().end());
+  return t.reshape(shape);
+}
+
 TENSORDICT_DECL at::Tensor flatten_mapped_input(const at::Tensor& in, std::int64_t d, c10::IntArrayRef batch, std::int64_t sets) {
   const auto nb = static_cast<std::int64_t>(batch.size());
   const std::int64_t dim = d < 0 ? d + in.dim() : d;
@@ -901,11 +904,7 @@ TENSORDICT_DECL at::Tensor run_lowered_call(const std::vector<at::Tensor>& leave
   std::vector<at::Tensor> flat = leaves;  // flatten_sets
   if (batch.size() != 1)
     for (at::Tensor& t : flat)
-      if (t.defined()) {
-        std::vector<std::int64_t> shape{sets};
-        shape.insert(shape.end(), t.sizes().begin() + static_cast<std::int64_t>(batch.size()), t.sizes().end());
-        t = t.reshape(shape);
-      }
+      if (t.defined()) t = leaf_with_one_sets_dim(t, static_cast<std::int64_t>(batch.size()), sets);
 
   // One chunk of sets [start, start + length).
   auto run = [&](std::int64_t start, std::int64_t length) {
@@ -929,13 +928,7 @@ TENSORDICT_DECL at::Tensor run_lowered_call(const std::vector<at::Tensor>& leave
 
   const std::int64_t chunk = chunk_of(sets, options);
   if (chunk >= sets) return unflatten_sets(run(0, sets), batch);
-  at::Device draw = device.value_or(at::Device(at::kCPU));
-  if (!device)
-    for (const at::Tensor& t : leaves)
-      if (t.defined()) {
-        draw = t.device();
-        break;
-      }
+  const at::Device draw = ::tensordict::detail::draw_device_of_leaves(device, leaves).value_or(at::Device(at::kCPU));
   return unflatten_sets(::tensordict::detail::run_chunks(sets, chunk, options.randomness, draw, run), batch);
 }
 
@@ -977,7 +970,6 @@ TENSORDICT_DECL stacked dynamic_lowered(torch::nn::Module& m, const AnyTensorDic
   }
   return module_registry::instance().find(m)->batched(m, params, x, ctx);
 }
-
 
 TENSORDICT_DECL lowering dynamic_lowering(torch::nn::Module& m, const AnyTensorDict& params, const std::string& path) {
   if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
