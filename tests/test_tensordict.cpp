@@ -491,6 +491,10 @@ TEMPLATE_TEST_CASE("lerp and lerp_: each leaf towards end's by a scalar or tenso
   CHECK(moved.values()[1].equal(b.lerp(end.values()[1], 0.25)));
   CHECK(td.lerp(end, at::full({1}, 0.5)).values()[0].equal(a.lerp(end.values()[0], at::full({1}, 0.5))));
   CHECK(td.values()[0].equal(a));  // lerp: a new TensorDict
+  auto named = td.clone();
+  named.refine_names({"time", std::nullopt});
+  // As Python's, whose lerp keeps the batch dims' names.
+  CHECK(tensordict::detail::format_names(named.lerp(end, 0.5).names()) == "[\"time\", None]");
 
   auto target = td.clone();
   const at::Tensor leaf = target.values()[0];

@@ -568,12 +568,10 @@ class tensordict_ops {
     return lerped_(end, &weight, [&](at::Tensor& a, const at::Tensor& b) { a.lerp_(b, weight); });
   }
   Derived lerp(const Derived& end, const at::Scalar& weight) const {
-    const Derived ends = lerp_ends(end, nullptr, "lerp");
-    return self().compare(ends, "lerp", [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
+    return lerped(end, nullptr, [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
   }
   Derived lerp(const Derived& end, const at::Tensor& weight) const {
-    const Derived ends = lerp_ends(end, &weight, "lerp");
-    return self().compare(ends, "lerp", [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
+    return lerped(end, &weight, [&](const at::Tensor& a, const at::Tensor& b) { return a.lerp(b, weight); });
   }
 
   Derived abs() const { return self().apply([](const at::Tensor& t) { return t.abs(); }); }
@@ -748,23 +746,31 @@ class tensordict_ops {
   void check_same_batch(const Derived& o, const char* op) const {
     if (!self().batch_size().equals(o.batch_size())) detail::throw_batch_sizes_differ(self().batch_size(), o.batch_size(), op);
   }
-  // end aligned to this side's keys, after lerp's checks (batch size, keys, and
-  // leaf by leaf: end's leaf and a tensor weight of the leaf's dtype, each broadcasting to the leaf).
-  Derived lerp_ends(const Derived& end, const at::Tensor* weight, const char* op) const {
+  // This side's leaves and end's (in this side's order), after lerp's checks: batch size, keys,
+  // and leaf by leaf, end's leaf and a tensor weight of the leaf's dtype, each broadcasting to the leaf.
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> lerp_leaves(const Derived& end, const at::Tensor* weight,
+                                                                          const char* op) const {
     check_same_batch(end, op);
-    Derived ends = self().compare(end, op, [](const at::Tensor&, const at::Tensor& b) { return b; });
+    std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> leaves{
+        self().values(), self().compare(end, op, [](const at::Tensor&, const at::Tensor& b) { return b; }).values()};
     // The keys only name a leaf in an error message: listed only then.
-    detail::check_lerp_leaves(self().values(), ends.values(), weight, op,
+    detail::check_lerp_leaves(leaves.first, leaves.second, weight, op,
                               [&](std::size_t i) { return Derived::key_name(self().keys()[i]); });
-    return ends;
+    return leaves;
   }
-  // lerp_'s writes: end's leaves aligned and checked once, then f(leaf, end's leaf) for each.
+  // lerp_'s writes: f(leaf, end's leaf) for each, after every check.
   template <class F>
   Derived& lerped_(const Derived& end, const at::Tensor* weight, F&& f) {
-    const std::vector<at::Tensor> theirs = lerp_ends(end, weight, "lerp_").values();
-    std::vector<at::Tensor> mine = self().values();
+    auto [mine, theirs] = lerp_leaves(end, weight, "lerp_");
     for (std::size_t i = 0; i < mine.size(); ++i) f(mine[i], theirs[i]);
     return static_cast<Derived&>(*this);
+  }
+  // lerp's result: f(leaf, end's leaf) for each, in apply's order (values()'s), after every check.
+  template <class F>
+  Derived lerped(const Derived& end, const at::Tensor* weight, F&& f) const {
+    const std::vector<at::Tensor> theirs = lerp_leaves(end, weight, "lerp").second;
+    std::size_t k = 0;
+    return self().apply([&](const at::Tensor& a) { return f(a, theirs[k++]); });
   }
   template <class F>
   Derived paired(const Derived& o, const char* op, F&& f) const {
