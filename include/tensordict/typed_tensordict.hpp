@@ -118,6 +118,8 @@ TENSORDICT_DECL std::vector<std::vector<std::int64_t>> mapped_batches(c10::Array
                                                                       c10::function_ref<std::string(std::size_t)> node_name);
 // TensorDict.get of a leaf that is not set.
 [[noreturn]] TENSORDICT_DECL void throw_unset_leaf(key_path leaf);
+// The positions of `names` in the order Python prints keys in (sorted).
+TENSORDICT_DECL std::vector<std::size_t> sorted_positions(c10::ArrayRef<std::string_view> names);
 // A schema's leaves or non-tensor fields, whatever its depth: entry i's key path and the node it lies in.
 struct entry_table {
   std::size_t count;
@@ -835,11 +837,8 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
   // non-tensor fields at `nt_base`), keys sorted as Python sorts them.
   template <class T>
   void print_level(std::string& out, std::size_t base, std::size_t nt_base, std::size_t node, bool multiline) const {
-    std::array<std::size_t, T::field_count> order{};
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [](std::size_t a, std::size_t b) { return T::names[a] < T::names[b]; });
     bool first = true;
-    for (std::size_t i : order) {
+    for (std::size_t i : detail::sorted_positions(T::names)) {
       std::string field;
       if (!print_field<T>(field, i, base, nt_base, node)) continue;
       if (!first) out += multiline ? "," : ", ";
@@ -1118,6 +1117,13 @@ First stack(const First& first, const Rest&... rest) {
 
 #if TENSORDICT_DEFINITIONS
 namespace tensordict::detail {
+TENSORDICT_DECL std::vector<std::size_t> sorted_positions(c10::ArrayRef<std::string_view> names) {
+  std::vector<std::size_t> order(names.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return names[a] < names[b]; });
+  return order;
+}
+
 TENSORDICT_DECL void throw_unset_leaf(key_path leaf) {
   throw key_error("TensorDict.get: the leaf " + to_string(leaf) + " is not set");
 }

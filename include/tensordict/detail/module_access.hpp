@@ -17,9 +17,12 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <torch/nn/module.h>
 #include <torch/ordered_dict.h>
+
+#include "config.hpp"
 
 namespace tensordict::detail {
 
@@ -58,14 +61,20 @@ inline torch::nn::Module* find_child(torch::nn::Module& m, const std::string& na
   return child ? child->get() : nullptr;
 }
 
-inline std::size_t registered_tensor_count(torch::nn::Module& m) {
-  std::size_t count = 0;
-  for (const auto& item : module_parameters(m))
-    if (item.value().defined()) ++count;
-  for (const auto& item : module_buffers(m))
-    if (item.value().defined()) ++count;
-  for (const auto& child : m.*member_pointer(module_children_tag{})) count += registered_tensor_count(*child.value());
-  return count;
+TENSORDICT_DECL std::size_t registered_tensor_count(torch::nn::Module& m);
+
+// Module::register_module(name, child) for a child of any module type. libtorch's
+// is a template over the child's type (with OrderedDict::insert, ~1.5 KB of code
+// per type); the library registers every child as a torch::nn::Module, once.
+TENSORDICT_DECL void register_child(torch::nn::Module& parent, std::string name, std::shared_ptr<torch::nn::Module> child);
+// The same for a typed pointer or a ModuleHolder, which it returns (to initialize a member with).
+template <class Child>
+Child registered_child(torch::nn::Module& parent, std::string name, Child child) {
+  if constexpr (requires { child.ptr(); })
+    register_child(parent, std::move(name), child.ptr());
+  else
+    register_child(parent, std::move(name), child);
+  return child;
 }
 
 }  // namespace tensordict::detail
@@ -119,3 +128,21 @@ inline std::optional<flag_change> adopt_requires_grad(const at::Tensor& incoming
 
 }  // namespace detail
 }  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::detail {
+TENSORDICT_DECL std::size_t registered_tensor_count(torch::nn::Module& m) {
+  std::size_t count = 0;
+  for (const auto& item : module_parameters(m))
+    if (item.value().defined()) ++count;
+  for (const auto& item : module_buffers(m))
+    if (item.value().defined()) ++count;
+  for (const auto& child : m.*member_pointer(module_children_tag{})) count += registered_tensor_count(*child.value());
+  return count;
+}
+
+TENSORDICT_DECL void register_child(torch::nn::Module& parent, std::string name, std::shared_ptr<torch::nn::Module> child) {
+  parent.register_module(std::move(name), std::move(child));
+}
+}  // namespace tensordict::detail
+#endif  // TENSORDICT_DEFINITIONS

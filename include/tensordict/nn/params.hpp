@@ -48,75 +48,16 @@ struct params_options {
 };
 
 namespace detail {
-// The module that holds the leaf at `path` below root: the child modules of
-// its parent keys, created on the way with create, else nullptr where one is missing.
-inline torch::nn::Module* owner_of(torch::nn::Module& root, c10::ArrayRef<std::string> path, bool create) {
-  torch::nn::Module* owner = &root;
-  for (std::size_t d = 0; d + 1 < path.size(); ++d) {
-    auto children = owner->named_children();
-    if (auto* child = children.find(path[d]))
-      owner = child->get();
-    else if (create)
-      owner = owner->register_module(path[d], std::make_shared<torch::nn::Module>()).get();
-    else
-      return nullptr;
-  }
-  return owner;
-}
+// A module's leaves to register: (path, tensor, as a parameter); an undefined tensor is skipped.
+using leaves_to_register = std::vector<std::tuple<any_key_path, at::Tensor, bool>>;
 
-// Registers t under `path` below root (one child module per parent key,
-// created on first use) as a parameter or a buffer; a leaf registered there
-// before is replaced in place, or moved between the registries.
-inline void register_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path, const at::Tensor& t, bool parameter) {
-  torch::nn::Module* owner = owner_of(root, path, /*create=*/true);
-  const std::string& name = path.back();
-  auto& params = ::tensordict::detail::module_parameters(*owner);
-  auto& buffers = ::tensordict::detail::module_buffers(*owner);
-  if (parameter && t.is_floating_point() && t.is_leaf() && !t.requires_grad()) t.set_requires_grad(true);
-  if (at::Tensor* p = params.find(name)) {
-    if (parameter) {
-      *p = t;
-      return;
-    }
-    params.erase(name);
-  }
-  if (at::Tensor* b = buffers.find(name)) {
-    if (!parameter) {
-      *b = t;
-      return;
-    }
-    buffers.erase(name);
-  }
-  if (parameter)
-    owner->register_parameter(name, t, /*requires_grad=*/t.requires_grad());
-  else
-    owner->register_buffer(name, t);
-}
-
-// Removes what is registered under `path` below root, if anything.
-inline void unregister_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path) {
-  torch::nn::Module* owner = owner_of(root, path, /*create=*/false);
-  if (!owner) return;
-  for (auto* registry : {&::tensordict::detail::module_parameters(*owner), &::tensordict::detail::module_buffers(*owner)})
-    if (registry->find(path.back())) registry->erase(path.back());
-}
-
-// Registers each distinct tensor once, at the first path (in `leaves`' order)
-// that holds it, and removes the registration of a later path holding it: a
-// weight tied between two paths is one parameter, as in Python's
-// parameters(), and an optimizer steps it once.
-// leaves: (path, tensor, as a parameter); an undefined tensor is skipped.
-template <class Leaves>
-void register_distinct(torch::nn::Module& root, const Leaves& leaves) {
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& [path, t, parameter] : leaves) {
-    if (!t.defined()) continue;
-    if (seen.insert(t.unsafeGetTensorImpl()).second)
-      register_leaf_at(root, path, t, parameter);
-    else
-      unregister_leaf_at(root, path);
-  }
-}
+// Registers each distinct tensor of `leaves` once below root, at the first path
+// (in `leaves`' order) that holds it, and removes the registration of a later
+// path holding it: a weight tied between two paths is one parameter, as in
+// Python's parameters(), and an optimizer steps it once. Each parent key is a
+// child module, created on first use; a leaf registered at a path before is
+// replaced in place, or moved between the registries.
+TENSORDICT_DECL void register_distinct(torch::nn::Module& root, const leaves_to_register& leaves);
 
 inline bool float_dtype(const at::Tensor& t) {
   const auto dtype = t.defined() ? t.scalar_type() : at::kFloat;
@@ -283,7 +224,7 @@ class TensorDictParamsImpl : public torch::nn::Module {
   }
 
   void register_leaves() {
-    std::vector<std::tuple<std::vector<std::string>, at::Tensor, bool>> leaves;
+    detail::leaves_to_register leaves;
     leaves.reserve(leaf_count);
     for (std::size_t i = 0; i < leaf_count; ++i) {
       const auto& entry = leaf_paths_v<S>[i];
@@ -316,14 +257,7 @@ class TensorDictParams : public torch::nn::ModuleHolder<TensorDictParamsImpl<S>>
 // detail::parameters_of); without it, the dtype rule (float: parameter).
 class AnyTensorDictParamsImpl : public torch::nn::Module {
  public:
-  explicit AnyTensorDictParamsImpl(AnyTensorDict td, std::optional<AnyTensorDict> parameters = std::nullopt)
-      : td_(std::move(td)) {
-    std::vector<std::tuple<any_key_path, at::Tensor, bool>> leaves;
-    td_.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
-      leaves.emplace_back(path, t, parameters ? parameters->contains(path) : detail::float_dtype(t));
-    });
-    detail::register_distinct(*this, leaves);
-  }
+  TENSORDICT_DECL explicit AnyTensorDictParamsImpl(AnyTensorDict td, std::optional<AnyTensorDict> parameters = std::nullopt);
 
   // The wrapped AnyTensorDict itself (same storage).
   const AnyTensorDict& tensordict() const { return td_; }
@@ -340,7 +274,7 @@ class AnyTensorDictParamsImpl : public torch::nn::Module {
     return *this;
   }
 
-  void pretty_print(std::ostream& stream) const override { stream << "TensorDictParams(params=" << td_.repr() << ")"; }
+  TENSORDICT_DECL void pretty_print(std::ostream& stream) const override;
 
  private:
   AnyTensorDict td_;
@@ -362,13 +296,7 @@ inline constexpr struct as_module_t {
 // between two TensorDictParams (or two modules) would be stepped twice;
 // Python's module.parameters() lists it once, as this does.
 //   torch::optim::SGD sgd(tensordict::nn::unique_parameters(*holder), 0.1);
-inline std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool recurse = true) {
-  std::vector<at::Tensor> out;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const at::Tensor& p : module.parameters(recurse))
-    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
-  return out;
-}
+TENSORDICT_DECL std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool recurse = true);
 
 namespace detail {
 // Parameter or buffer, as the module registered each leaf.
@@ -384,12 +312,7 @@ typename TensorDictParamsImpl<schema_of<Impl>>::kinds_t kinds_of(Impl& m) {
 }
 
 // The module's registered parameters (its children's too) by path.
-inline AnyTensorDict parameters_of(const torch::nn::Module& m) {
-  AnyTensorDict out;
-  any_key_path path;
-  ::tensordict::detail::collect(m, out, path, /*with_buffers=*/false);
-  return out;
-}
+TENSORDICT_DECL AnyTensorDict parameters_of(const torch::nn::Module& m);
 }  // namespace detail
 
 }  // namespace tensordict::nn
@@ -433,3 +356,101 @@ nn::AnyTensorDictParams from_modules(const std::vector<M>& modules, nn::as_modul
 }
 
 }  // namespace tensordict
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::nn {
+namespace detail {
+// The module that holds the leaf at `path` below root: the child modules of
+// its parent keys, created on the way with create, else nullptr where one is missing.
+TENSORDICT_DECL torch::nn::Module* owner_of(torch::nn::Module& root, c10::ArrayRef<std::string> path, bool create) {
+  torch::nn::Module* owner = &root;
+  for (std::size_t d = 0; d + 1 < path.size(); ++d) {
+    auto children = owner->named_children();
+    if (auto* child = children.find(path[d]))
+      owner = child->get();
+    else if (create)
+      owner = owner->register_module(path[d], std::make_shared<torch::nn::Module>()).get();
+    else
+      return nullptr;
+  }
+  return owner;
+}
+
+// Registers t under `path` below root (one child module per parent key,
+// created on first use) as a parameter or a buffer; a leaf registered there
+// before is replaced in place, or moved between the registries.
+TENSORDICT_DECL void register_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path, const at::Tensor& t, bool parameter) {
+  torch::nn::Module* owner = owner_of(root, path, /*create=*/true);
+  const std::string& name = path.back();
+  auto& params = ::tensordict::detail::module_parameters(*owner);
+  auto& buffers = ::tensordict::detail::module_buffers(*owner);
+  if (parameter && t.is_floating_point() && t.is_leaf() && !t.requires_grad()) t.set_requires_grad(true);
+  if (at::Tensor* p = params.find(name)) {
+    if (parameter) {
+      *p = t;
+      return;
+    }
+    params.erase(name);
+  }
+  if (at::Tensor* b = buffers.find(name)) {
+    if (!parameter) {
+      *b = t;
+      return;
+    }
+    buffers.erase(name);
+  }
+  if (parameter)
+    owner->register_parameter(name, t, /*requires_grad=*/t.requires_grad());
+  else
+    owner->register_buffer(name, t);
+}
+
+// Removes what is registered under `path` below root, if anything.
+TENSORDICT_DECL void unregister_leaf_at(torch::nn::Module& root, c10::ArrayRef<std::string> path) {
+  torch::nn::Module* owner = owner_of(root, path, /*create=*/false);
+  if (!owner) return;
+  for (auto* registry : {&::tensordict::detail::module_parameters(*owner), &::tensordict::detail::module_buffers(*owner)})
+    if (registry->find(path.back())) registry->erase(path.back());
+}
+
+TENSORDICT_DECL void register_distinct(torch::nn::Module& root, const leaves_to_register& leaves) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& [path, t, parameter] : leaves) {
+    if (!t.defined()) continue;
+    if (seen.insert(t.unsafeGetTensorImpl()).second)
+      register_leaf_at(root, path, t, parameter);
+    else
+      unregister_leaf_at(root, path);
+  }
+}
+
+TENSORDICT_DECL AnyTensorDict parameters_of(const torch::nn::Module& m) {
+  AnyTensorDict out;
+  any_key_path path;
+  ::tensordict::detail::collect(m, out, path, /*with_buffers=*/false);
+  return out;
+}
+}  // namespace detail
+
+TENSORDICT_DECL AnyTensorDictParamsImpl::AnyTensorDictParamsImpl(AnyTensorDict td, std::optional<AnyTensorDict> parameters)
+    : td_(std::move(td)) {
+  detail::leaves_to_register leaves;
+  td_.for_each_leaf([&](const any_key_path& path, const at::Tensor& t) {
+    leaves.emplace_back(path, t, parameters ? parameters->contains(path) : detail::float_dtype(t));
+  });
+  detail::register_distinct(*this, leaves);
+}
+
+TENSORDICT_DECL void AnyTensorDictParamsImpl::pretty_print(std::ostream& stream) const {
+  stream << "TensorDictParams(params=" << td_.repr() << ")";
+}
+
+TENSORDICT_DECL std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module, bool recurse) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const at::Tensor& p : module.parameters(recurse))
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+}  // namespace tensordict::nn
+#endif  // TENSORDICT_DEFINITIONS

@@ -429,28 +429,10 @@ class distribution_builder {
 
   // The order of `names` in the distribution's parameters (and whether they are
   // its alternative set), or value_error naming what it takes.
-  std::pair<std::vector<std::size_t>, bool> positions(const std::vector<std::string>& names) const {
-    const std::vector<std::string_view> keys(names.begin(), names.end());
-    for (const bool alternative : {false, true}) {
-      const auto& expected = alternative ? alternative_ : names_;
-      std::vector<std::size_t> order(keys.size());
-      if (!expected.empty() && detail::permutation_positions(expected, keys, order.data())) return {order, alternative};
-    }
-    auto join = [](const auto& v) {
-      std::string out;
-      for (const auto& x : v) out += (out.empty() ? "" : ", ") + std::string(x);
-      return out;
-    };
-    throw value_error("tensordict::nn::" + name_ + " takes the parameters " + join(names_) +
-                      (alternative_.empty() ? "" : " (or " + join(alternative_) + ")") + ", got " + join(names));
-  }
+  TENSORDICT_DECL std::pair<std::vector<std::size_t>, bool> positions(const std::vector<std::string>& names) const;
 
-  std::shared_ptr<const Distribution> build(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) const {
-    const auto [order, alternative] = positions(names);
-    std::vector<at::Tensor> by_name(order.size());
-    for (std::size_t i = 0; i < order.size(); ++i) by_name[order[i]] = tensors[i];
-    return make_(by_name, alternative);
-  }
+  TENSORDICT_DECL std::shared_ptr<const Distribution> build(const std::vector<std::string>& names,
+                                                            const std::vector<at::Tensor>& tensors) const;
 
  private:
   std::string name_;
@@ -474,56 +456,23 @@ struct any_probabilistic_options {
 //       {{"loc", {"loc"}}, {"scale", {"scale"}}}, {"agents", "action"}, {.log_prob_key = any_key_path{"sample_log_prob"}});
 class AnyProbabilisticTensorDictModuleImpl : public AnyTensorDictModuleBase {
  public:
-  AnyProbabilisticTensorDictModuleImpl(distribution_builder distribution,
-                                       std::vector<std::pair<std::string, any_key_path>> dist_keys, any_key_path out_key,
-                                       any_probabilistic_options options_ = {})
-      : AnyTensorDictModuleBase(paths(dist_keys), outs(out_key, options_)),
-        options(std::move(options_)),
-        distribution_(std::move(distribution)) {
-    for (const auto& [name, path] : dist_keys) names_.push_back(name);
-    (void)distribution_.positions(names_);  // value_error now, not at the first call
-  }
+  // Checks the parameter names against the distribution's: value_error now, not at the first call.
+  TENSORDICT_DECL AnyProbabilisticTensorDictModuleImpl(distribution_builder distribution,
+                                                       std::vector<std::pair<std::string, any_key_path>> dist_keys,
+                                                       any_key_path out_key, any_probabilistic_options options_ = {});
 
   interaction_type interaction() const { return current_interaction_type().value_or(options.default_interaction_type); }
 
-  std::shared_ptr<const Distribution> get_dist(const AnyTensorDict& td) const {
-    check_in_keys(td, "tensordict::nn::AnyProbabilisticTensorDictModule(" + distribution_.name() + ")");
-    std::vector<at::Tensor> tensors;
-    for (const auto& k : in_keys_) tensors.push_back(td.get(k));
-    return distribution_.build(names_, tensors);
-  }
+  TENSORDICT_DECL std::shared_ptr<const Distribution> get_dist(const AnyTensorDict& td) const;
 
-  AnyTensorDict forward(const AnyTensorDict& td) override {
-    const auto dist = get_dist(td);
-    AnyTensorDict result = td.exclude({});
-    if (options.log_prob_key && interaction() == interaction_type::random && dist->has_rsample()) {
-      auto [value, log_prob] = dist->rsample_and_log_prob();  // a distribution may fuse the two
-      result.set(out_keys_[0], value);
-      result.set(*options.log_prob_key, log_prob);
-      return result;
-    }
-    const at::Tensor value = draw(*dist, interaction(), options.n_empirical_estimate);
-    result.set(out_keys_[0], value);
-    if (options.log_prob_key) result.set(*options.log_prob_key, dist->log_prob(value));
-    return result;
-  }
+  TENSORDICT_DECL AnyTensorDict forward(const AnyTensorDict& td) override;
 
   // The log-probability of the value td holds at the out key.
-  at::Tensor log_prob(const AnyTensorDict& td) const { return get_dist(td)->log_prob(td.get(out_keys_[0])); }
+  TENSORDICT_DECL at::Tensor log_prob(const AnyTensorDict& td) const;
 
   any_probabilistic_options options;
 
  private:
-  static std::vector<any_key_path> paths(const std::vector<std::pair<std::string, any_key_path>>& dist_keys) {
-    std::vector<any_key_path> out;
-    for (const auto& [name, path] : dist_keys) out.push_back(path);
-    return out;
-  }
-  static std::vector<any_key_path> outs(const any_key_path& out_key, const any_probabilistic_options& o) {
-    std::vector<any_key_path> out{out_key};
-    if (o.log_prob_key) out.push_back(*o.log_prob_key);
-    return out;
-  }
   distribution_builder distribution_;
   std::vector<std::string> names_;
 };
@@ -531,10 +480,9 @@ class AnyProbabilisticTensorDictModuleImpl : public AnyTensorDictModuleBase {
 class AnyProbabilisticTensorDictModule : public torch::nn::ModuleHolder<AnyProbabilisticTensorDictModuleImpl> {
  public:
   using torch::nn::ModuleHolder<AnyProbabilisticTensorDictModuleImpl>::ModuleHolder;
-  AnyProbabilisticTensorDictModule(distribution_builder distribution, std::vector<std::pair<std::string, any_key_path>> dist_keys,
-                                   any_key_path out_key, any_probabilistic_options options = {})
-      : torch::nn::ModuleHolder<AnyProbabilisticTensorDictModuleImpl>(std::make_shared<AnyProbabilisticTensorDictModuleImpl>(
-            std::move(distribution), std::move(dist_keys), std::move(out_key), std::move(options))) {}
+  TENSORDICT_DECL AnyProbabilisticTensorDictModule(distribution_builder distribution,
+                                                   std::vector<std::pair<std::string, any_key_path>> dist_keys,
+                                                   any_key_path out_key, any_probabilistic_options options = {});
   AnyTensorDict operator()(const AnyTensorDict& td) const { return this->ptr()->forward(td); }
 };
 
@@ -561,5 +509,83 @@ TENSORDICT_DECL at::Tensor draw(const Distribution& dist, interaction_type type,
     default: return dist.deterministic_sample();
   }
 }
+
+TENSORDICT_DECL std::pair<std::vector<std::size_t>, bool> distribution_builder::positions(
+    const std::vector<std::string>& names) const {
+  const std::vector<std::string_view> keys(names.begin(), names.end());
+  for (const bool alternative : {false, true}) {
+    const auto& expected = alternative ? alternative_ : names_;
+    std::vector<std::size_t> order(keys.size());
+    if (!expected.empty() && detail::permutation_positions(expected, keys, order.data())) return {order, alternative};
+  }
+  auto join = [](const auto& v) {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ", ") + std::string(x);
+    return out;
+  };
+  throw value_error("tensordict::nn::" + name_ + " takes the parameters " + join(names_) +
+                    (alternative_.empty() ? "" : " (or " + join(alternative_) + ")") + ", got " + join(names));
+}
+
+TENSORDICT_DECL std::shared_ptr<const Distribution> distribution_builder::build(const std::vector<std::string>& names,
+                                                                                const std::vector<at::Tensor>& tensors) const {
+  const auto [order, alternative] = positions(names);
+  std::vector<at::Tensor> by_name(order.size());
+  for (std::size_t i = 0; i < order.size(); ++i) by_name[order[i]] = tensors[i];
+  return make_(by_name, alternative);
+}
+
+namespace detail {
+inline std::vector<any_key_path> probabilistic_out_keys(const any_key_path& out_key, const any_probabilistic_options& o) {
+  std::vector<any_key_path> out{out_key};
+  if (o.log_prob_key) out.push_back(*o.log_prob_key);
+  return out;
+}
+}  // namespace detail
+
+TENSORDICT_DECL AnyProbabilisticTensorDictModuleImpl::AnyProbabilisticTensorDictModuleImpl(
+    distribution_builder distribution, std::vector<std::pair<std::string, any_key_path>> dist_keys, any_key_path out_key,
+    any_probabilistic_options options_)
+    : AnyTensorDictModuleBase({}, detail::probabilistic_out_keys(out_key, options_)),
+      options(std::move(options_)),
+      distribution_(std::move(distribution)) {
+  for (auto& [name, path] : dist_keys) {
+    names_.push_back(name);
+    in_keys_.push_back(std::move(path));
+  }
+  (void)distribution_.positions(names_);
+}
+
+TENSORDICT_DECL std::shared_ptr<const Distribution> AnyProbabilisticTensorDictModuleImpl::get_dist(const AnyTensorDict& td) const {
+  check_in_keys(td, "tensordict::nn::AnyProbabilisticTensorDictModule(" + distribution_.name() + ")");
+  std::vector<at::Tensor> tensors;
+  for (const auto& k : in_keys_) tensors.push_back(td.get(k));
+  return distribution_.build(names_, tensors);
+}
+
+TENSORDICT_DECL AnyTensorDict AnyProbabilisticTensorDictModuleImpl::forward(const AnyTensorDict& td) {
+  const auto dist = get_dist(td);
+  AnyTensorDict result = td.exclude({});
+  if (options.log_prob_key && interaction() == interaction_type::random && dist->has_rsample()) {
+    auto [value, log_prob] = dist->rsample_and_log_prob();  // a distribution may fuse the two
+    result.set(out_keys_[0], value);
+    result.set(*options.log_prob_key, log_prob);
+    return result;
+  }
+  const at::Tensor value = draw(*dist, interaction(), options.n_empirical_estimate);
+  result.set(out_keys_[0], value);
+  if (options.log_prob_key) result.set(*options.log_prob_key, dist->log_prob(value));
+  return result;
+}
+
+TENSORDICT_DECL at::Tensor AnyProbabilisticTensorDictModuleImpl::log_prob(const AnyTensorDict& td) const {
+  return get_dist(td)->log_prob(td.get(out_keys_[0]));
+}
+
+TENSORDICT_DECL AnyProbabilisticTensorDictModule::AnyProbabilisticTensorDictModule(
+    distribution_builder distribution, std::vector<std::pair<std::string, any_key_path>> dist_keys, any_key_path out_key,
+    any_probabilistic_options options)
+    : torch::nn::ModuleHolder<AnyProbabilisticTensorDictModuleImpl>(std::make_shared<AnyProbabilisticTensorDictModuleImpl>(
+          std::move(distribution), std::move(dist_keys), std::move(out_key), std::move(options))) {}
 }  // namespace tensordict::nn
 #endif  // TENSORDICT_DEFINITIONS

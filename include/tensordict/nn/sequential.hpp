@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/module_access.hpp"
 #include "adapters/adapter.hpp"
 #include "adapters/linear.hpp"  // its children's Linears and ReLUs run as one detail::linear_run
 #include "adapters/parameter_free.hpp"  // its ReLUs join a run of Linears
@@ -85,7 +86,7 @@ class SequentialImpl : public torch::nn::Module {
  private:
   template <std::size_t... I>
   void register_children(std::index_sequence<I...>) {
-    ((std::get<I>(children_) = register_module(std::to_string(I), std::get<I>(children_))), ...);
+    (::tensordict::detail::register_child(*this, std::to_string(I), std::get<I>(children_).ptr()), ...);
   }
 
   template <std::size_t I, class Input>

@@ -29,6 +29,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "../detail/module_access.hpp"
 #include "sequential.hpp"  // nn::touches_module, specialized here
 #include "params.hpp"
 #include "reset_parameters.hpp"
@@ -185,7 +186,8 @@ class TensorDictModuleImpl<Wrapped, in_keys<In...>, out_keys<Out...>, Inputs> : 
   using out_keys_t = out_keys<Out...>;
   using inputs_t = Inputs;
 
-  explicit TensorDictModuleImpl(Wrapped wrapped) : module(register_module("module", std::move(wrapped))) {}
+  explicit TensorDictModuleImpl(Wrapped wrapped)
+      : module(::tensordict::detail::registered_child(*this, "module", std::move(wrapped))) {}
 
   template <class S>
   using output_schema = typename detail::with_out_keys<S, Out...>::type;
@@ -434,8 +436,9 @@ class EnsembleModuleImpl : public torch::nn::Module {
   // one draw per copy); the member keeps its own values.
   EnsembleModuleImpl(Member member, std::int64_t num_copies, ensemble_options options = {}) : options_(options) {
     if (num_copies <= 0) throw value_error("EnsembleModule: num_copies must be positive, got " + std::to_string(num_copies));
-    module = register_module("module", std::move(member));
-    params_td = register_module("params_td", detail::ensemble_params<member_impl>::make(*module, num_copies));
+    module = ::tensordict::detail::registered_child(*this, "module", std::move(member));
+    params_td = ::tensordict::detail::registered_child(*this, "params_td",
+                                                       detail::ensemble_params<member_impl>::make(*module, num_copies));
   }
 
   std::int64_t num_copies() const { return params_td->tensordict().batch_size()[0]; }
@@ -533,7 +536,7 @@ class AnyTensorDictModuleImpl : public AnyTensorDictModuleBase {
       throw value_error("tensordict::nn::AnyTensorDictModule: takes 1 to 4 in keys (any number with cat_inputs), got " +
                         std::to_string(in_keys_.size()));
     if (out_keys_.empty()) throw value_error("tensordict::nn::AnyTensorDictModule: name an out key for each tensor the module returns");
-    module = register_module("module", std::move(wrapped));
+    module = ::tensordict::detail::registered_child(*this, "module", std::move(wrapped));
   }
 
   AnyTensorDict forward(const AnyTensorDict& td) override {

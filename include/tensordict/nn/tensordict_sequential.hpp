@@ -35,6 +35,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
 
+#include "../detail/module_access.hpp"
 #include "composite_distribution.hpp"
 #include "sequential.hpp"
 
@@ -216,7 +217,8 @@ class TensorDictSequentialImpl : public torch::nn::Module {
   using output_schema = typename detail::schema_after<S, impl_of_t<Modules>...>::type;
 
   explicit TensorDictSequentialImpl(Modules... modules)
-      : module(register_module("module", std::make_shared<SequentialImpl<Modules...>>(std::move(modules)...))) {}
+      : module(::tensordict::detail::registered_child(*this, "module",
+                                                      std::make_shared<SequentialImpl<Modules...>>(std::move(modules)...))) {}
 
   template <std::size_t I>
   auto& child() {
@@ -476,7 +478,7 @@ class SelectedOutKeysImpl<Seq, out_keys<Selected...>> : public torch::nn::Module
 
   explicit SelectedOutKeysImpl(Seq seq) : sequence(std::move(seq)) {
     (check_selected<Selected>(), ...);
-    module = register_module("module", sequence->module);
+    module = ::tensordict::detail::registered_child(*this, "module", sequence->module);
   }
 
   template <class S>
@@ -576,35 +578,18 @@ class AnyTensorDictSequential;
 
 class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
  public:
-  explicit AnyTensorDictSequentialImpl(std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules)
-      : AnyTensorDictSequentialImpl(wired(std::move(modules))) {}
+  TENSORDICT_DECL explicit AnyTensorDictSequentialImpl(std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules);
   template <class... Holders>
     requires(sizeof...(Holders) > 0 && (std::is_base_of_v<AnyTensorDictModuleBase, typename Holders::ContainedType> && ...))
   explicit AnyTensorDictSequentialImpl(Holders... modules)
       : AnyTensorDictSequentialImpl(std::vector<std::shared_ptr<AnyTensorDictModuleBase>>{modules.ptr()...}) {}
 
-  AnyTensorDict forward(const AnyTensorDict& td) override {
-    check_wiring(td);
-    AnyTensorDict out = td;
-    for (const auto& m : modules_) out = m->forward(out);
-    if (out_keys_.size() == written_.size()) return out;
-    std::vector<any_key_path> dropped;
-    for (const auto& k : written_)
-      if (!has(out_keys_, k) && !td.is_leaf(k)) dropped.push_back(k);
-    return out.exclude(dropped);
-  }
+  TENSORDICT_DECL AnyTensorDict forward(const AnyTensorDict& td) override;
 
   // Python's select_out_keys (selected_out_keys in later versions), in place
   // as Python's: the output holds only the input's keys and these out keys
   // (key_error for a key no module writes); out_keys() lists them.
-  AnyTensorDictSequentialImpl& select_out_keys(std::vector<any_key_path> keys) {
-    for (const auto& k : keys)
-      if (!has(written_, k))
-        throw key_error("tensordict::nn::AnyTensorDictSequential.select_out_keys: no module writes " + to_string(k) +
-                        " (the out keys: " + detail::listed_paths(written_) + ")");
-    out_keys_ = std::move(keys);
-    return *this;
-  }
+  TENSORDICT_DECL AnyTensorDictSequentialImpl& select_out_keys(std::vector<any_key_path> keys);
   // Every module's out keys again (Python's reset_out_keys).
   AnyTensorDictSequentialImpl& reset_out_keys() {
     out_keys_ = written_;
@@ -618,38 +603,18 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
   // sequence ending in one; else value_error): Python's
   // ProbabilisticTensorDictSequential.get_dist, the distribution that module
   // builds from what the modules before it make of td.
-  std::shared_ptr<const Distribution> get_dist(const AnyTensorDict& td) {
-    if (ends_in_composite())
-      throw value_error("tensordict::nn::AnyTensorDictSequential.get_dist: the last module is a "
-                        "CompositeProbabilisticTensorDictModule, whose distribution is a CompositeDistribution; call "
-                        "get_composite_dist(td)");
-    return with_last_module(td, [](auto& last, const AnyTensorDict& in) { return last.get_dist(in); });
-  }
+  TENSORDICT_DECL std::shared_ptr<const Distribution> get_dist(const AnyTensorDict& td);
   // The same where the last module is a CompositeProbabilisticTensorDictModule (or a sequence ending in one).
-  CompositeDistribution get_composite_dist(const AnyTensorDict& td) {
-    const AnyTensorDict in = before_last(td);
-    if (auto* composite = dynamic_cast<CompositeProbabilisticTensorDictModuleImpl*>(modules_.back().get())) return composite->get_dist(in);
-    if (auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get()); sequence && sequence->ends_in_composite())
-      return sequence->get_composite_dist(in);
-    throw value_error("tensordict::nn::AnyTensorDictSequential.get_composite_dist: module " + std::to_string(modules_.size() - 1) +
-                      " (" + modules_.back()->name() + ") is no CompositeProbabilisticTensorDictModule; call get_dist(td)");
-  }
+  TENSORDICT_DECL CompositeDistribution get_composite_dist(const AnyTensorDict& td);
   // The log-probability of the value td holds at the last module's out key; for a composite last
   // module, its "sample_log_prob" (the heads' summed), as Python's.
-  at::Tensor log_prob(const AnyTensorDict& td) {
-    if (ends_in_composite()) return get_composite_dist(td).log_prob(td).get("sample_log_prob");
-    return with_last_module(td, [](auto& last, const AnyTensorDict& in) { return last.log_prob(in); });
-  }
+  TENSORDICT_DECL at::Tensor log_prob(const AnyTensorDict& td);
   // Whether the last module is a CompositeProbabilisticTensorDictModule, or a sequence ending in one.
-  bool ends_in_composite() const {
-    if (dynamic_cast<CompositeProbabilisticTensorDictModuleImpl*>(modules_.back().get())) return true;
-    auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get());
-    return sequence && sequence->ends_in_composite();
-  }
+  TENSORDICT_DECL bool ends_in_composite() const;
 
   // Python's select_subsequence (the sequence's own keys where not given); the modules are shared.
-  AnyTensorDictSequential select_subsequence(std::optional<std::vector<any_key_path>> in = std::nullopt,
-                                             std::optional<std::vector<any_key_path>> out = std::nullopt) const;
+  TENSORDICT_DECL AnyTensorDictSequential select_subsequence(std::optional<std::vector<any_key_path>> in = std::nullopt,
+                                                             std::optional<std::vector<any_key_path>> out = std::nullopt) const;
 
   torch::nn::ModuleList module{nullptr};
 
@@ -663,62 +628,16 @@ class AnyTensorDictSequentialImpl : public AnyTensorDictModuleBase {
     std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules;
     std::vector<any_key_path> needed, written;
   };
-  static wired_modules wired(std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules) {
-    if (modules.empty()) throw value_error("tensordict::nn::AnyTensorDictSequential needs at least one module");
-    wired_modules w{std::move(modules), {}, {}};
-    for (const auto& m : w.modules) {
-      for (const auto& k : m->in_keys())
-        if (!has(w.written, k) && !has(w.needed, k)) w.needed.push_back(k);
-      for (const auto& k : m->out_keys())
-        if (!has(w.written, k)) w.written.push_back(k);
-    }
-    return w;
-  }
-  explicit AnyTensorDictSequentialImpl(wired_modules w)
-      : AnyTensorDictModuleBase(std::move(w.needed), w.written), modules_(std::move(w.modules)), written_(std::move(w.written)) {
-    module = register_module("module", torch::nn::ModuleList());
-    for (const auto& m : modules_) module->push_back(m);
-  }
-  // Whether k can be read given the keys written so far: one of them, or a sub-TensorDict above one.
-  static bool readable_in(const std::vector<any_key_path>& readable, const any_key_path& k) {
-    return std::any_of(readable.begin(), readable.end(), [&](const any_key_path& r) {
-      return r.size() >= k.size() && std::equal(k.begin(), k.end(), r.begin());
-    });
-  }
+  TENSORDICT_DECL static wired_modules wired(std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules);
+  TENSORDICT_DECL explicit AnyTensorDictSequentialImpl(wired_modules w);
   // The input's leaves and sub-TensorDicts (a module may read a sub-TensorDict: a composite head's "params"),
   // then each module's out keys.
-  void check_wiring(const AnyTensorDict& td) const {
-    std::vector<any_key_path> readable = td.keys(true, false);
-    for (std::size_t i = 0; i < modules_.size(); ++i) {
-      for (const auto& k : modules_[i]->in_keys())
-        if (!readable_in(readable, k))
-          throw key_error("tensordict::nn::AnyTensorDictSequential: module " + std::to_string(i) + " reads " + to_string(k) +
-                          ", which neither the input nor an earlier module writes (readable there: " +
-                          detail::listed_paths(readable) + ")");
-      for (const auto& k : modules_[i]->out_keys())
-        if (!has(readable, k)) readable.push_back(k);
-    }
-  }
-
+  TENSORDICT_DECL void check_wiring(const AnyTensorDict& td) const;
   // f(last module, what the modules before it make of td), for a probabilistic last module.
   template <class F>
-  std::invoke_result_t<F&, AnyProbabilisticTensorDictModuleImpl&, const AnyTensorDict&> with_last_module(const AnyTensorDict& td, F f) {
-    auto* probabilistic = dynamic_cast<AnyProbabilisticTensorDictModuleImpl*>(modules_.back().get());
-    auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get());
-    if (!probabilistic && !sequence)
-      throw value_error("tensordict::nn::AnyTensorDictSequential: get_dist and log_prob need a probabilistic last module "
-                        "(an AnyProbabilisticTensorDictModule, or a sequence ending in one); module " +
-                        std::to_string(modules_.size() - 1) + " is a " + modules_.back()->name());
-    const AnyTensorDict out = before_last(td);
-    return probabilistic ? f(*probabilistic, out) : f(*sequence, out);
-  }
+  std::invoke_result_t<F&, AnyProbabilisticTensorDictModuleImpl&, const AnyTensorDict&> with_last_module(const AnyTensorDict& td, F f);
   // What the modules before the last make of td (the wiring checked first).
-  AnyTensorDict before_last(const AnyTensorDict& td) const {
-    check_wiring(td);
-    AnyTensorDict out = td;
-    for (std::size_t i = 0; i + 1 < modules_.size(); ++i) out = modules_[i]->forward(out);
-    return out;
-  }
+  TENSORDICT_DECL AnyTensorDict before_last(const AnyTensorDict& td) const;
 
   std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules_;
   std::vector<any_key_path> written_;  // every module's out keys; out_keys_ may select some
@@ -898,8 +817,124 @@ TypedTensorDictModule<In, Out, typename AnyHolder::ContainedType> as_typed_modul
   return TypedTensorDictModule<In, Out, Wrapped>(std::make_shared<TypedTensorDictModuleImpl<In, Out, Wrapped>>(any.ptr()));
 }
 
-inline AnyTensorDictSequential AnyTensorDictSequentialImpl::select_subsequence(std::optional<std::vector<any_key_path>> in,
-                                                                               std::optional<std::vector<any_key_path>> out) const {
+}  // namespace tensordict::nn
+
+#if TENSORDICT_DEFINITIONS
+namespace tensordict::nn {
+TENSORDICT_DECL AnyTensorDictSequentialImpl::AnyTensorDictSequentialImpl(std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules)
+    : AnyTensorDictSequentialImpl(wired(std::move(modules))) {}
+
+TENSORDICT_DECL AnyTensorDictSequentialImpl::wired_modules AnyTensorDictSequentialImpl::wired(
+    std::vector<std::shared_ptr<AnyTensorDictModuleBase>> modules) {
+  if (modules.empty()) throw value_error("tensordict::nn::AnyTensorDictSequential needs at least one module");
+  wired_modules w{std::move(modules), {}, {}};
+  for (const auto& m : w.modules) {
+    for (const auto& k : m->in_keys())
+      if (!has(w.written, k) && !has(w.needed, k)) w.needed.push_back(k);
+    for (const auto& k : m->out_keys())
+      if (!has(w.written, k)) w.written.push_back(k);
+  }
+  return w;
+}
+
+TENSORDICT_DECL AnyTensorDictSequentialImpl::AnyTensorDictSequentialImpl(wired_modules w)
+    : AnyTensorDictModuleBase(std::move(w.needed), w.written), modules_(std::move(w.modules)), written_(std::move(w.written)) {
+  module = register_module("module", torch::nn::ModuleList());
+  for (const auto& m : modules_) module->push_back(m);
+}
+
+TENSORDICT_DECL AnyTensorDict AnyTensorDictSequentialImpl::forward(const AnyTensorDict& td) {
+  check_wiring(td);
+  AnyTensorDict out = td;
+  for (const auto& m : modules_) out = m->forward(out);
+  if (out_keys_.size() == written_.size()) return out;
+  std::vector<any_key_path> dropped;
+  for (const auto& k : written_)
+    if (!has(out_keys_, k) && !td.is_leaf(k)) dropped.push_back(k);
+  return out.exclude(dropped);
+}
+
+TENSORDICT_DECL AnyTensorDictSequentialImpl& AnyTensorDictSequentialImpl::select_out_keys(std::vector<any_key_path> keys) {
+  for (const auto& k : keys)
+    if (!has(written_, k))
+      throw key_error("tensordict::nn::AnyTensorDictSequential.select_out_keys: no module writes " + to_string(k) +
+                      " (the out keys: " + detail::listed_paths(written_) + ")");
+  out_keys_ = std::move(keys);
+  return *this;
+}
+
+TENSORDICT_DECL std::shared_ptr<const Distribution> AnyTensorDictSequentialImpl::get_dist(const AnyTensorDict& td) {
+  if (ends_in_composite())
+    throw value_error("tensordict::nn::AnyTensorDictSequential.get_dist: the last module is a "
+                      "CompositeProbabilisticTensorDictModule, whose distribution is a CompositeDistribution; call "
+                      "get_composite_dist(td)");
+  return with_last_module(td, [](auto& last, const AnyTensorDict& in) { return last.get_dist(in); });
+}
+
+TENSORDICT_DECL CompositeDistribution AnyTensorDictSequentialImpl::get_composite_dist(const AnyTensorDict& td) {
+  const AnyTensorDict in = before_last(td);
+  if (auto* composite = dynamic_cast<CompositeProbabilisticTensorDictModuleImpl*>(modules_.back().get())) return composite->get_dist(in);
+  if (auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get()); sequence && sequence->ends_in_composite())
+    return sequence->get_composite_dist(in);
+  throw value_error("tensordict::nn::AnyTensorDictSequential.get_composite_dist: module " + std::to_string(modules_.size() - 1) +
+                    " (" + modules_.back()->name() + ") is no CompositeProbabilisticTensorDictModule; call get_dist(td)");
+}
+
+TENSORDICT_DECL at::Tensor AnyTensorDictSequentialImpl::log_prob(const AnyTensorDict& td) {
+  if (ends_in_composite()) return get_composite_dist(td).log_prob(td).get("sample_log_prob");
+  return with_last_module(td, [](auto& last, const AnyTensorDict& in) { return last.log_prob(in); });
+}
+
+TENSORDICT_DECL bool AnyTensorDictSequentialImpl::ends_in_composite() const {
+  if (dynamic_cast<CompositeProbabilisticTensorDictModuleImpl*>(modules_.back().get())) return true;
+  auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get());
+  return sequence && sequence->ends_in_composite();
+}
+
+// Whether k can be read given the keys written so far: one of them, or a sub-TensorDict above one.
+namespace detail {
+inline bool readable_in(const std::vector<any_key_path>& readable, const any_key_path& k) {
+  return std::any_of(readable.begin(), readable.end(), [&](const any_key_path& r) {
+    return r.size() >= k.size() && std::equal(k.begin(), k.end(), r.begin());
+  });
+}
+}  // namespace detail
+
+TENSORDICT_DECL void AnyTensorDictSequentialImpl::check_wiring(const AnyTensorDict& td) const {
+  std::vector<any_key_path> readable = td.keys(true, false);
+  for (std::size_t i = 0; i < modules_.size(); ++i) {
+    for (const auto& k : modules_[i]->in_keys())
+      if (!detail::readable_in(readable, k))
+        throw key_error("tensordict::nn::AnyTensorDictSequential: module " + std::to_string(i) + " reads " + to_string(k) +
+                        ", which neither the input nor an earlier module writes (readable there: " +
+                        detail::listed_paths(readable) + ")");
+    for (const auto& k : modules_[i]->out_keys())
+      if (!has(readable, k)) readable.push_back(k);
+  }
+}
+
+template <class F>
+std::invoke_result_t<F&, AnyProbabilisticTensorDictModuleImpl&, const AnyTensorDict&> AnyTensorDictSequentialImpl::with_last_module(
+    const AnyTensorDict& td, F f) {
+  auto* probabilistic = dynamic_cast<AnyProbabilisticTensorDictModuleImpl*>(modules_.back().get());
+  auto* sequence = dynamic_cast<AnyTensorDictSequentialImpl*>(modules_.back().get());
+  if (!probabilistic && !sequence)
+    throw value_error("tensordict::nn::AnyTensorDictSequential: get_dist and log_prob need a probabilistic last module "
+                      "(an AnyProbabilisticTensorDictModule, or a sequence ending in one); module " +
+                      std::to_string(modules_.size() - 1) + " is a " + modules_.back()->name());
+  const AnyTensorDict out = before_last(td);
+  return probabilistic ? f(*probabilistic, out) : f(*sequence, out);
+}
+
+TENSORDICT_DECL AnyTensorDict AnyTensorDictSequentialImpl::before_last(const AnyTensorDict& td) const {
+  check_wiring(td);
+  AnyTensorDict out = td;
+  for (std::size_t i = 0; i + 1 < modules_.size(); ++i) out = modules_[i]->forward(out);
+  return out;
+}
+
+TENSORDICT_DECL AnyTensorDictSequential AnyTensorDictSequentialImpl::select_subsequence(
+    std::optional<std::vector<any_key_path>> in, std::optional<std::vector<any_key_path>> out) const {
   std::vector<any_key_path> available = in.value_or(in_keys_), wanted = out.value_or(out_keys_);
   for (const auto* keys : {&available, &wanted})
     for (const auto& k : *keys) {
@@ -922,5 +957,5 @@ inline AnyTensorDictSequential AnyTensorDictSequentialImpl::select_subsequence(s
                       "the in keys and out keys coherent");
   return AnyTensorDictSequential(std::make_shared<AnyTensorDictSequentialImpl>(std::move(kept)));
 }
-
 }  // namespace tensordict::nn
+#endif  // TENSORDICT_DEFINITIONS
