@@ -299,16 +299,20 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
       using V = std::remove_cvref_t<Value>;
       const std::string path = key_path_t<Path...>::describe();
       check_unlocked(r::parent_node, path);
+      // Each static_assert's message is the only error: the write compiles only where the value fits.
       if constexpr (std::is_same_v<typename r::type, tensor_leaf>) {
-        static_assert(std::is_convertible_v<Value, at::Tensor>,
-                      "tensordict: set<...>(value) at a leaf takes an at::Tensor.");
-        slot(r::leaf_offset) = checked_leaf(at::Tensor(std::forward<Value>(value)), r::leaf_offset, "TensorDict.set", path);
+        constexpr bool fits = std::is_convertible_v<Value, at::Tensor>;
+        static_assert(fits, "tensordict: set<...>(value) at a leaf takes an at::Tensor.");
+        if constexpr (fits)
+          slot(r::leaf_offset) = checked_leaf(at::Tensor(std::forward<Value>(value)), r::leaf_offset, "TensorDict.set", path);
       } else if constexpr (std::is_same_v<typename r::type, non_tensor_leaf>) {
-        static_assert(std::is_constructible_v<NonTensor, Value&&> && !std::is_convertible_v<Value, at::Tensor>,
+        constexpr bool fits = std::is_constructible_v<NonTensor, Value&&> && !std::is_convertible_v<Value, at::Tensor>;
+        static_assert(fits,
                       "tensordict: set<...>(value) at a non_tensor<...> field takes its data: a std::string, std::int64_t, "
                       "double, bool, std::monostate or a NonTensor (NonTensor::stack(values, shape) for one value per element).");
-        non_tensor_slot(r::non_tensor_offset) =
-            checked_non_tensor(NonTensor(std::forward<Value>(value)), r::non_tensor_offset, "TensorDict.set", path);
+        if constexpr (fits)
+          non_tensor_slot(r::non_tensor_offset) =
+              checked_non_tensor(NonTensor(std::forward<Value>(value)), r::non_tensor_offset, "TensorDict.set", path);
       } else {
         static_assert(std::is_same_v<V, TensorDict<typename r::type>>,
                       "tensordict: set<...>(value) at a sub-tree takes a TensorDict with that sub-tree's schema "

@@ -13,7 +13,7 @@ own (at file scope where it specializes a template: TENSORDICT_MODULE,
 `template <>`), with #line directives, so a diagnostic names the case
 ("compile_fail/NAME.cpp", the same in every checkout: a stored result from
 another checkout still names its cases) and the line. An error belongs to the case named last in it or in the context
-lines before it ("required from here"). Parsing libtorch and the library once
+lines before it ("required from here"), or, with no context of its own, to the error before it. Parsing libtorch and the library once
 instead of once per case is most of the saving. A case that fails in the
 batch (no error of its own, too many, a missing text, or a twin that does not
 compile) is compiled alone before it is reported, so that one case's errors
@@ -35,6 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from compile_cache import run  # noqa: E402
 
 MAX_ERRORS = 2
+# A line that opens a diagnostic's context: an error after one belongs to the case that context names.
+CONTEXT = re.compile(r": In |required from|In file included from")
 FILE_SCOPE = re.compile(r"^\s*(TENSORDICT_MODULE\(|template\s*<>)", re.M)
 LOCATION = re.compile(r"^(?:In file included from |\s*from )?([^:\s][^:]*):\d+")
 
@@ -93,7 +95,9 @@ def errors_by_case(cases, diagnostics):
                 owned[current][1].append(line)
             continue
         named = [c for c in map(case_named, context) if c is not None]
-        current = named[-1] if named else None
+        # An error with no context of its own goes on the one before (g++'s second error in one instantiation).
+        continues = current is not None and not any(CONTEXT.search(line) for line in context)
+        current = named[-1] if named else (current if continues else None)
         if current is None:
             unowned.append(line)
         else:
