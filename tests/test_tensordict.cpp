@@ -839,6 +839,11 @@ TEST_CASE("TensorDict: a nested level may add batch dims of its own, kept by the
   CHECK(td.get<"obs">().batch_size() == c10::IntArrayRef{4, 3, 2});
   CHECK(td.get<"inner", "deep">().batch_size() == c10::IntArrayRef{4, 3});
   CHECK(printed(td) == "TensorDict(batch_size=[4,3], fields={inner: {deep: {z: f32[4,3,5]}}, obs: {batch_size=[4,3,2], x: f32[4,3,2]}, y: f32[4,3]})");
+  CHECK(printed(td.get<"inner">()) == "TensorDict(batch_size=[4,3], fields={deep: {z: f32[4,3,5]}})");
+  // A level with nothing set prints empty; with dims of its own, its batch size alone (as AnyTensorDict prints it).
+  TensorDict<nested> unset(c10::IntArrayRef{4, 3});
+  unset.set<"obs">(TensorDict<observation>(c10::IntArrayRef{4, 3, 2}));
+  CHECK(printed(unset) == "TensorDict(batch_size=[4,3], fields={inner: {deep: {}}, obs: {batch_size=[4,3,2]}})");
   CHECK_THROWS_WITH((td.set<"obs", "x">(at::zeros({4, 3}))), Contains("must be the batch size [4,3,2]"));
   CHECK_THROWS_WITH((td.set<"obs">(TensorDict<observation>(c10::IntArrayRef{4}))),
                     Contains("expected a TensorDict whose batch_size starts with [4,3], got batch_size=[4]"));

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <string_view>
@@ -422,6 +423,68 @@ struct node_parents_of<schema<Fields...>> {
     return out;
   }
   static constexpr std::array<std::size_t, S::node_count> value = build();
+};
+
+// ---- field table -----------------------------------------------------------
+
+// A field of a schema at any depth, as the printer compiled in the library reads it.
+struct field_entry {
+  enum kind_t : std::uint8_t { tensor, non_tensor, node };
+  std::string_view name;
+  kind_t kind = tensor;
+  std::size_t index = 0;  // of the leaf, the non-tensor field or the node, counted over the whole schema
+};
+// Node k's own fields in a field table: entries [begin, begin + count).
+struct level_span {
+  std::size_t begin = 0, count = 0;
+};
+
+template <class T>
+inline constexpr std::size_t fields_in = 0;
+template <class... Fields>
+inline constexpr std::size_t fields_in<schema<Fields...>> = (sizeof...(Fields) + ... + fields_in<typename Fields::type>);
+
+// Every field of schema S, level by level (the root's first, then each sub-schema's, depth first),
+// and where each node's fields are: what repr needs, without a function per level.
+template <class S>
+struct field_table_of;
+
+template <class... Fields>
+struct field_table_of<schema<Fields...>> {
+  using S = schema<Fields...>;
+  struct tables {
+    std::array<field_entry, fields_in<S>> fields{};
+    std::array<level_span, S::node_count> levels{};
+  };
+  static constexpr tables build() {
+    tables out{};
+    out.levels[0] = {0, S::field_count};
+    std::size_t field = 0, next = S::field_count;
+    [[maybe_unused]] auto add = [&]<class Child>(std::type_identity<Child>) {
+      if constexpr (std::is_same_v<Child, tensor_leaf>) {
+        out.fields[field] = {S::names[field], field_entry::tensor, S::leaf_offsets[field]};
+      } else if constexpr (std::is_same_v<Child, non_tensor_leaf>) {
+        out.fields[field] = {S::names[field], field_entry::non_tensor, S::non_tensor_offsets[field]};
+      } else {
+        const std::size_t node = S::node_offsets[field];
+        out.fields[field] = {S::names[field], field_entry::node, node};
+        const auto& sub = field_table_of<Child>::value;
+        for (std::size_t i = 0; i < sub.fields.size(); ++i) {
+          field_entry e = sub.fields[i];
+          e.index += e.kind == field_entry::tensor       ? S::leaf_offsets[field]
+                     : e.kind == field_entry::non_tensor ? S::non_tensor_offsets[field]
+                                                         : node;
+          out.fields[next + i] = e;
+        }
+        for (std::size_t k = 0; k < sub.levels.size(); ++k) out.levels[node + k] = {next + sub.levels[k].begin, sub.levels[k].count};
+        next += sub.fields.size();
+      }
+      ++field;
+    };
+    (add(std::type_identity<typename Fields::type>{}), ...);
+    return out;
+  }
+  static constexpr tables value = build();
 };
 
 // ---- flatten ---------------------------------------------------------------

@@ -118,8 +118,12 @@ TENSORDICT_DECL std::vector<std::vector<std::int64_t>> mapped_batches(c10::Array
                                                                       c10::function_ref<std::string(std::size_t)> node_name);
 // TensorDict.get of a leaf that is not set.
 [[noreturn]] TENSORDICT_DECL void throw_unset_leaf(key_path leaf);
-// The positions of `names` in the order Python prints keys in (sorted).
-TENSORDICT_DECL std::vector<std::size_t> sorted_positions(c10::ArrayRef<std::string_view> names);
+// repr's fields of node `node` of a typed TensorDict whose entries start at leaf_base, non_tensor_base and
+// node_base in `st`: keys sorted as Python sorts them, unset leaves and non-tensor fields left out, a nested
+// level's batch size shown where it has dims of its own. `fields` and `levels`: its schema's field_table_of.
+TENSORDICT_DECL void print_fields(std::string& out, const storage& st, std::size_t leaf_base, std::size_t non_tensor_base,
+                                  std::size_t node_base, const field_entry* fields, const level_span* levels, std::size_t node,
+                                  bool multiline);
 // A schema's leaves or non-tensor fields, whatever its depth: entry i's key path and the node it lies in.
 struct entry_table {
   std::size_t count;
@@ -591,7 +595,9 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     std::string out = "TensorDict(batch_size=" + format_sizes(batch_size());
     if (device()) out += ", device=" + device()->str();
     out += ", fields={";
-    print_level<S>(out, 0, 0, 0, style == print_style::multiline);
+    constexpr const auto& table = detail::field_table_of<S>::value;
+    detail::print_fields(out, *st_, leaf_base_, non_tensor_base_, node_base_, table.fields.data(), table.levels.data(), 0,
+                         style == print_style::multiline);
     return out + "})";
   }
 
@@ -837,54 +843,6 @@ class TensorDict : public detail::tensordict_ops<TensorDict<S>> {
     return out;
   }
 
-  // Prints the fields of sub-schema T (whose leaves start at `base`, its
-  // non-tensor fields at `nt_base`), keys sorted as Python sorts them.
-  template <class T>
-  void print_level(std::string& out, std::size_t base, std::size_t nt_base, std::size_t node, bool multiline) const {
-    bool first = true;
-    for (std::size_t i : detail::sorted_positions(T::names)) {
-      std::string field;
-      if (!print_field<T>(field, i, base, nt_base, node)) continue;
-      if (!first) out += multiline ? "," : ", ";
-      if (multiline) out += "\n    ";
-      out += T::names[i];
-      out += ": ";
-      out += field;
-      first = false;
-    }
-  }
-
-  // One field of T; false when it is an unset leaf or non-tensor field.
-  template <class T>
-  bool print_field(std::string& out, std::size_t field, std::size_t base, std::size_t nt_base, std::size_t node) const {
-    bool printed = false;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((I == field ? (printed = print_child<typename T::template field_at<I>::type>(
-                          out, base + T::leaf_offsets[I], nt_base + T::non_tensor_offsets[I], node, node + T::node_offsets[I]))
-                   : false),
-       ...);
-    }(std::make_index_sequence<T::field_count>{});
-    return printed;
-  }
-
-  template <class Child>
-  bool print_child(std::string& out, std::size_t base, std::size_t nt_base, std::size_t parent, std::size_t node) const {
-    if constexpr (std::is_same_v<Child, tensor_leaf>) {
-      if (!slot(base).defined()) return false;
-      out += describe(slot(base));
-    } else if constexpr (std::is_same_v<Child, non_tensor_leaf>) {
-      if (!non_tensor_slot(nt_base)) return false;
-      out += non_tensor_slot(nt_base)->repr();
-    } else {
-      out += '{';
-      // A level with dims of its own beyond its parent's shows its batch size.
-      if (!node_batch(node).equals(node_batch(parent))) out += "batch_size=" + format_sizes(node_batch(node)) + ", ";
-      print_level<Child>(out, base, nt_base, node, false);
-      out += '}';
-    }
-    return true;
-  }
-
   std::shared_ptr<detail::storage> st_;
   std::size_t leaf_base_ = 0;
   std::size_t node_base_ = 0;
@@ -1121,11 +1079,41 @@ First stack(const First& first, const Rest&... rest) {
 
 #if TENSORDICT_DEFINITIONS
 namespace tensordict::detail {
-TENSORDICT_DECL std::vector<std::size_t> sorted_positions(c10::ArrayRef<std::string_view> names) {
-  std::vector<std::size_t> order(names.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return names[a] < names[b]; });
-  return order;
+TENSORDICT_DECL void print_fields(std::string& out, const storage& st, std::size_t leaf_base, std::size_t non_tensor_base,
+                                  std::size_t node_base, const field_entry* fields, const level_span* levels, std::size_t node,
+                                  bool multiline) {
+  const level_span level = levels[node];
+  std::vector<const field_entry*> order(level.count);
+  for (std::size_t i = 0; i < level.count; ++i) order[i] = &fields[level.begin + i];
+  std::sort(order.begin(), order.end(), [](const field_entry* a, const field_entry* b) { return a->name < b->name; });
+  bool first = true;
+  for (const field_entry* f : order) {
+    std::string field;
+    if (f->kind == field_entry::tensor) {
+      const at::Tensor& leaf = st.leaves[leaf_base + f->index];
+      if (!leaf.defined()) continue;
+      field = describe(leaf);
+    } else if (f->kind == field_entry::non_tensor) {
+      const std::optional<NonTensor>& value = st.non_tensors[non_tensor_base + f->index];
+      if (!value) continue;
+      field = value->repr();
+    } else {
+      std::string inner;
+      print_fields(inner, st, leaf_base, non_tensor_base, node_base, fields, levels, f->index, false);
+      field = '{';
+      // A level with dims of its own beyond its parent's shows its batch size.
+      const std::vector<std::int64_t>& batch = st.batches[node_base + f->index];
+      if (batch != st.batches[node_base + node]) field += "batch_size=" + format_sizes(batch) + (inner.empty() ? "" : ", ");
+      field += inner;
+      field += '}';
+    }
+    if (!first) out += multiline ? "," : ", ";
+    if (multiline) out += "\n    ";
+    out += f->name;
+    out += ": ";
+    out += field;
+    first = false;
+  }
 }
 
 TENSORDICT_DECL void throw_unset_leaf(key_path leaf) {

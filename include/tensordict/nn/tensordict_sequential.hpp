@@ -891,8 +891,8 @@ TENSORDICT_DECL bool AnyTensorDictSequentialImpl::ends_in_composite() const {
   return sequence && sequence->ends_in_composite();
 }
 
-// Whether k can be read given the keys written so far: one of them, or a sub-TensorDict above one.
 namespace detail {
+// Whether k can be read given the keys written so far: one of them, or a sub-TensorDict above one.
 inline bool readable_in(const std::vector<any_key_path>& readable, const any_key_path& k) {
   return std::any_of(readable.begin(), readable.end(), [&](const any_key_path& r) {
     return r.size() >= k.size() && std::equal(k.begin(), k.end(), r.begin());
