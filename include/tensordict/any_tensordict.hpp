@@ -210,11 +210,7 @@ class AnyTensorDict : public detail::tensordict_ops<AnyTensorDict> {
  public:
   using ops::operator==;
   using ops::operator!=;
-  explicit AnyTensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt)
-      : root_(std::make_shared<detail::any_root>(detail::any_root{batch_size.size(), device, {}})),
-        node_(std::make_shared<detail::any_node>()) {
-    node_->batch.assign(batch_size.begin(), batch_size.end());
-  }
+  TENSORDICT_DECL explicit AnyTensorDict(c10::IntArrayRef batch_size = {}, std::optional<at::Device> device = std::nullopt);
   explicit AnyTensorDict(std::initializer_list<std::int64_t> batch_size, std::optional<at::Device> device = std::nullopt)
       : AnyTensorDict(c10::IntArrayRef(batch_size.begin(), batch_size.size()), device) {}
 
@@ -863,6 +859,12 @@ inline AnyTensorDict cat(std::initializer_list<AnyTensorDict> tds, std::int64_t 
 
 #if TENSORDICT_DEFINITIONS
 namespace tensordict {
+TENSORDICT_DECL AnyTensorDict::AnyTensorDict(c10::IntArrayRef batch_size, std::optional<at::Device> device)
+    : root_(std::make_shared<detail::any_root>(detail::any_root{batch_size.size(), device, {}})),
+      node_(std::make_shared<detail::any_node>()) {
+  node_->batch.assign(batch_size.begin(), batch_size.end());
+}
+
 TENSORDICT_DECL detail::schema_table detail::make_schema_table(
     entry_table leaves, entry_table non_tensors, std::size_t node_count, const std::size_t* parents) {
   schema_table t;

@@ -34,6 +34,24 @@
 
 namespace tensordict {
 
+namespace detail {
+// A module tensor that a swap replaced, to put back when it ends.
+struct swapped_tensor {
+  at::Tensor* member = nullptr;  // null: the swap left this leaf alone
+  at::Tensor* registry = nullptr;
+  at::Tensor old_member;
+  at::Tensor old_registry;
+  flag_change flag;
+};
+// module_swap's work, not a template: checks every set leaf incoming[i] of `leaves` against the
+// module's tensor at slots[i] before changing anything (errors name leaves.path(i); batched: the
+// TensorDict has batch dims), then puts it in the member and the registry, saved[i] keeping what it replaced.
+TENSORDICT_DECL void swap_in(const module_slot* slots, const at::Tensor* incoming, entry_table leaves, bool batched, swap_mode mode,
+                             swapped_tensor* saved);
+// Puts back what swap_in replaced: in reverse, so a tensor reached twice (a shared sub-module) ends as it began.
+TENSORDICT_DECL void swap_back(swapped_tensor* saved, std::size_t count) noexcept;
+}  // namespace detail
+
 // While it lives, the module computes with the TensorDict's tensors; its
 // destructor puts the originals back (members and registry), also during
 // stack unwinding. Movable, not copyable. release() keeps the new tensors and
@@ -46,30 +64,10 @@ class [[nodiscard]] module_swap {
 
   module_swap(Impl& module, const TensorDict<schema_t>& params, swap_mode mode = swap_mode::keep_module_flags)
       : module_(&module) {
-    auto slots = detail::slots_of<Impl>(module);
-    // Check everything before changing anything.
-    for (std::size_t i = 0; i < leaf_count; ++i) {
-      const at::Tensor& incoming = params.leaf(i);
-      if (!incoming.defined()) continue;
-      const at::Tensor& current = *slots[i].member;
-      if (!current.defined())
-        throw key_error("tensordict::to_module: the module has no tensor at " + to_string(leaf_path<schema_t>(i)) +
-                        ", but the TensorDict sets it to " + describe(incoming));
-      if (current.sizes() != incoming.sizes() || current.scalar_type() != incoming.scalar_type())
-        throw shape_error("tensordict::to_module: the leaf " + to_string(leaf_path<schema_t>(i)) + " is " +
-                          describe(incoming) + " but the module's tensor is " + describe(current) +
-                          (params.batch_dims() ? " (a TensorDict with batch dims goes through vmap or functional_vmap)" : ""));
-    }
-    for (std::size_t i = 0; i < leaf_count; ++i) {
-      const at::Tensor& incoming = params.leaf(i);
-      saved& s = saved_[i];
-      if (!incoming.defined()) continue;
-      s.member = slots[i].member;
-      s.registry = detail::registry_entry(slots[i]);
-      if (auto change = detail::adopt_requires_grad(incoming, *s.member, mode)) s.flag = std::move(*change);
-      s.old_member = std::exchange(*s.member, incoming);
-      if (s.registry) s.old_registry = std::exchange(*s.registry, incoming);
-    }
+    const auto slots = detail::slots_of<Impl>(module);
+    // A TensorDict's leaves lie one after another in its storage.
+    detail::swap_in(slots.data(), leaf_count ? &params.leaf(0) : nullptr, detail::leaf_entries<schema_t>(), params.batch_dims() != 0,
+                    mode, saved_.data());
   }
 
   module_swap(module_swap&& other) noexcept : module_(std::exchange(other.module_, nullptr)), saved_(std::move(other.saved_)) {}
@@ -82,14 +80,7 @@ class [[nodiscard]] module_swap {
   // Puts the originals back now (the destructor then does nothing).
   void restore() noexcept {
     if (!module_) return;
-    // In reverse, so a tensor reached twice (a shared sub-module) ends as it began.
-    for (std::size_t i = leaf_count; i-- > 0;) {
-      saved& s = saved_[i];
-      if (!s.member) continue;
-      *s.member = std::move(s.old_member);
-      if (s.registry) *s.registry = std::move(s.old_registry);
-      s.flag.undo();
-    }
+    detail::swap_back(saved_.data(), leaf_count);
     module_ = nullptr;
   }
 
@@ -102,15 +93,8 @@ class [[nodiscard]] module_swap {
   }
 
  private:
-  struct saved {
-    at::Tensor* member = nullptr;
-    at::Tensor* registry = nullptr;
-    at::Tensor old_member;
-    at::Tensor old_registry;
-    detail::flag_change flag;
-  };
   Impl* module_;
-  std::array<saved, leaf_count> saved_{};
+  std::array<detail::swapped_tensor, leaf_count> saved_{};
 };
 
 namespace compile_error {
@@ -326,6 +310,40 @@ TENSORDICT_DECL std::vector<dynamic_target> resolve_targets(torch::nn::Module& r
 }
 
 }  // namespace detail
+
+TENSORDICT_DECL void detail::swap_in(const module_slot* slots, const at::Tensor* incoming, entry_table leaves, bool batched,
+                                     swap_mode mode, swapped_tensor* saved) {
+  for (std::size_t i = 0; i < leaves.count; ++i) {
+    if (!incoming[i].defined()) continue;
+    const at::Tensor& current = *slots[i].member;
+    if (!current.defined())
+      throw key_error("tensordict::to_module: the module has no tensor at " + to_string(leaves.path(i)) +
+                      ", but the TensorDict sets it to " + describe(incoming[i]));
+    if (current.sizes() != incoming[i].sizes() || current.scalar_type() != incoming[i].scalar_type())
+      throw shape_error("tensordict::to_module: the leaf " + to_string(leaves.path(i)) + " is " + describe(incoming[i]) +
+                        " but the module's tensor is " + describe(current) +
+                        (batched ? " (a TensorDict with batch dims goes through vmap or functional_vmap)" : ""));
+  }
+  for (std::size_t i = 0; i < leaves.count; ++i) {
+    if (!incoming[i].defined()) continue;
+    swapped_tensor& s = saved[i];
+    s.member = slots[i].member;
+    s.registry = registry_entry(slots[i]);
+    if (auto change = adopt_requires_grad(incoming[i], *s.member, mode)) s.flag = std::move(*change);
+    s.old_member = std::exchange(*s.member, incoming[i]);
+    if (s.registry) s.old_registry = std::exchange(*s.registry, incoming[i]);
+  }
+}
+
+TENSORDICT_DECL void detail::swap_back(swapped_tensor* saved, std::size_t count) noexcept {
+  for (std::size_t i = count; i-- > 0;) {
+    swapped_tensor& s = saved[i];
+    if (!s.member) continue;
+    *s.member = std::move(s.old_member);
+    if (s.registry) *s.registry = std::move(s.old_registry);
+    s.flag.undo();
+  }
+}
 
 TENSORDICT_DECL dynamic_module_swap::dynamic_module_swap(torch::nn::Module& module, const AnyTensorDict& params, swap_mode mode,
                                                      const char* op) {

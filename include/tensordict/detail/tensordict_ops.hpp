@@ -108,6 +108,11 @@ TENSORDICT_DECL at::Tensor one_buffer_of(const std::vector<at::Tensor>& leaves);
 // Each leaf's view of `storage` in that layout.
 TENSORDICT_DECL std::vector<at::Tensor> views_of(const at::Tensor& storage, const std::vector<at::Tensor>& leaves);
 
+// expand's batch size: `shape`, where -1 keeps a dim of `batch`, checked as at::Tensor::expand checks it (new dims in front).
+TENSORDICT_DECL std::vector<std::int64_t> expanded_batch(c10::IntArrayRef batch, c10::IntArrayRef shape);
+// A leaf whose first batch_dims dims are a batch, expanded to the batch size `target`.
+TENSORDICT_DECL at::Tensor expanded_leaf(const at::Tensor& leaf, c10::IntArrayRef target, std::size_t batch_dims);
+
 // The batch size of index(batch) on a TensorDict of batch size `batch_size`: what the same index
 // does to a tensor of the batch shape, on the device of the index tensors (a CUDA mask cannot index a
 // CPU tensor). Checks the indices against the batch size.
@@ -312,25 +317,9 @@ class tensordict_ops {
   // Broadcasts the batch dims to `shape`, as at::Tensor::expand does: new
   // dims go in front, -1 keeps a size. expand(4) on batch_size [] gives [4].
   Derived expand(c10::IntArrayRef shape) const {
-    const c10::IntArrayRef batch = self().batch_size();
-    const std::size_t nb = batch.size();
-    if (shape.size() < nb)
-      throw shape_error("TensorDict.expand: the shape " + format_sizes(shape) + " has fewer dims than batch_size=" +
-                        format_sizes(batch));
-    std::vector<std::int64_t> target(shape.begin(), shape.end());
-    const std::size_t lead = shape.size() - nb;
-    for (std::size_t d = 0; d < nb; ++d) {
-      if (target[lead + d] == -1) target[lead + d] = batch[d];
-      if (target[lead + d] != batch[d] && batch[d] != 1)
-        throw shape_error("TensorDict.expand: cannot expand batch_size=" + format_sizes(batch) + " to " + format_sizes(shape));
-    }
-    return rearranged(
-        [&](const at::Tensor& t) {
-          std::vector<std::int64_t> full = target;
-          full.insert(full.end(), t.sizes().begin() + nb, t.sizes().end());
-          return t.expand(full);
-        },
-        target);
+    const std::size_t nb = self().batch_size().size();
+    const std::vector<std::int64_t> target = expanded_batch(self().batch_size(), shape);
+    return rearranged([&](const at::Tensor& t) { return expanded_leaf(t, target, nb); }, target);
   }
 
 
@@ -1018,6 +1007,26 @@ TENSORDICT_DECL std::vector<at::Tensor> views_of(const at::Tensor& storage, cons
     out.push_back(storage.narrow(0, offsets[k], bytes).view(t.scalar_type()).view(t.sizes()));
   }
   return out;
+}
+
+TENSORDICT_DECL std::vector<std::int64_t> expanded_batch(c10::IntArrayRef batch, c10::IntArrayRef shape) {
+  const std::size_t nb = batch.size();
+  if (shape.size() < nb)
+    throw shape_error("TensorDict.expand: the shape " + format_sizes(shape) + " has fewer dims than batch_size=" + format_sizes(batch));
+  std::vector<std::int64_t> target(shape.begin(), shape.end());
+  const std::size_t lead = shape.size() - nb;
+  for (std::size_t d = 0; d < nb; ++d) {
+    if (target[lead + d] == -1) target[lead + d] = batch[d];
+    if (target[lead + d] != batch[d] && batch[d] != 1)
+      throw shape_error("TensorDict.expand: cannot expand batch_size=" + format_sizes(batch) + " to " + format_sizes(shape));
+  }
+  return target;
+}
+
+TENSORDICT_DECL at::Tensor expanded_leaf(const at::Tensor& leaf, c10::IntArrayRef target, std::size_t batch_dims) {
+  std::vector<std::int64_t> full(target.begin(), target.end());
+  full.insert(full.end(), leaf.sizes().begin() + static_cast<std::ptrdiff_t>(batch_dims), leaf.sizes().end());
+  return leaf.expand(full);
 }
 
 TENSORDICT_DECL std::vector<std::int64_t> indexed_batch(c10::IntArrayRef b, c10::ArrayRef<at::indexing::TensorIndex> batch,
